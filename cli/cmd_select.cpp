@@ -1,0 +1,38 @@
+// attend select: which backend would run a problem, and why.
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "attend/select.h"
+#include "attend/spec.h"
+#include "commands.h"
+
+namespace attend_cli {
+
+CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd) {
+  auto* sub = app.add_subcommand("select", "Show which backend runs a problem and why the others cannot");
+  add_problem_flags(*sub, cmd.problem);
+  sub->add_flag("--json", cmd.json, "print the selection as JSON");
+  return sub;
+}
+
+int run_select(const SelectCommand& cmd) {
+  const Problem p = make_problem(cmd.problem);
+  // Throws attend::Error(unsupported) with the verdict table when nothing fits;
+  // main prints it and exits 2.
+  const attend::Selection sel = attend::select(p.spec, p.mode, p.policy);
+  if (cmd.json) {
+    std::cout << sel.to_json() << "\n";
+    return 0;
+  }
+  // explain() already holds the problem, the mode, the table and the choice;
+  // the "selected:" line is added only if a future explain() drops it.
+  const std::string table = sel.explain();
+  std::cout << table;
+  if (!table.empty() && table.back() != '\n') std::cout << "\n";
+  if (table.find("selected: ") == std::string::npos) std::cout << "selected: " << sel.backend->name() << "\n";
+  return 0;
+}
+
+}  // namespace attend_cli

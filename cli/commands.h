@@ -1,0 +1,41 @@
+// The subcommands of the attend tool. Each add_* registers its options on a new
+// subcommand of `app`; the matching run_* executes it after parsing and returns
+// the process exit code.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "problem_flags.h"
+
+namespace CLI {
+class App;
+}
+
+namespace attend_cli {
+
+// Exit codes beyond 0: 1 usage error, 2 attend::Error, 3 --check out of tolerance.
+inline constexpr int kExitUsage = 1;
+inline constexpr int kExitError = 2;
+inline constexpr int kExitCheckFailed = 3;
+
+struct SelectCommand {
+  ProblemFlags problem;
+  bool json = false;
+};
+CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd);
+int run_select(const SelectCommand& cmd);
+
+struct RunCommand {
+  ProblemFlags problem;
+  bool check = false;
+  double tolerance = 0.0;  // 0: a default from the dtype
+  std::string q_path, k_path, v_path, dout_path, save_dir;
+  std::uint64_t data_seed = 1;
+  std::int64_t repeat = 1;
+};
+CLI::App* add_run_command(CLI::App& app, RunCommand& cmd);
+// `sub` is the parsed subcommand (to tell "no flags at all" from defaults).
+int run_run(RunCommand& cmd, const CLI::App& sub);
+
+}  // namespace attend_cli

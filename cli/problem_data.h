@@ -1,0 +1,45 @@
+// The tensors of a problem for `attend run`: loaded from .npy or generated from
+// a seed, with the shapes the spec implies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attend/backend.h"
+#include "attend/tensor.h"
+#include "problem_flags.h"
+
+namespace attend_cli {
+
+using Shape = std::vector<std::int64_t>;
+
+// Shapes implied by the spec (in spec.layout).
+Shape q_shape(const attend::AttentionSpec& s);
+Shape k_shape(const attend::AttentionSpec& s);
+Shape v_shape(const attend::AttentionSpec& s);
+Shape out_shape(const attend::AttentionSpec& s);
+Shape lse_shape(const attend::AttentionSpec& s);
+attend::DType lse_dtype(const attend::AttentionSpec& s);
+
+// Tensor::zeros for a run-time shape (at most 4 dims).
+attend::Tensor zeros(attend::DType dtype, const Shape& shape);
+// A contiguous copy converted to dtype.
+attend::Tensor convert(const attend::TensorView& t, attend::DType dtype);
+std::string shape_string(const Shape& shape);
+
+struct DataSources {
+  std::string q, k, v, dout;  // .npy paths; empty: seeded random normal
+  std::uint64_t seed = 1;
+  bool need_dout = false;
+};
+
+struct ProblemData {
+  attend::Tensor q, k, v, dout, bias, slopes, cu_seqlens_q, cu_seqlens_kv;
+  attend::Inputs inputs() const;
+};
+
+// Throws attend::Error when a file is malformed or disagrees with the spec.
+ProblemData make_data(const Problem& p, const DataSources& src);
+
+}  // namespace attend_cli

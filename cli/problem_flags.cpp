@@ -1,0 +1,197 @@
+#include "problem_flags.h"
+
+#include <algorithm>
+#include <charconv>
+#include <numeric>
+#include <string_view>
+
+#include <CLI/CLI.hpp>
+
+#include "attend/error.h"
+#include "attend/registry.h"
+#include "flag_checks.h"
+
+namespace attend_cli {
+
+void add_problem_flags(CLI::App& app, ProblemFlags& f) {
+  const auto pos = positive_int();
+  const char* g = "Problem";
+  f.batch_opt = app.add_option("--batch", f.batch, "number of sequences (B)")->check(pos)->group(g)
+                    ->capture_default_str();
+  f.seqlen_opt = app.add_option("--seqlen", f.seqlen, "sets --seqlen-q and --seqlen-kv")->check(pos)
+                     ->group(g)->capture_default_str();
+  app.add_option("--seqlen-q", f.seqlen_q, "queries per sequence")->check(pos)->group(g);
+  app.add_option("--seqlen-kv", f.seqlen_kv, "keys per sequence")->check(pos)->group(g);
+  app.add_option("--heads", f.heads, "sets --heads-q and --heads-kv")->check(pos)->group(g)
+      ->capture_default_str();
+  app.add_option("--heads-q", f.heads_q, "query heads (H)")->check(pos)->group(g);
+  app.add_option("--heads-kv", f.heads_kv, "key/value heads (GQA: H % heads_kv == 0)")->check(pos)->group(g);
+  app.add_option("--head-dim", f.head_dim, "sets --head-dim-qk and --head-dim-v")->check(pos)->group(g)
+      ->capture_default_str();
+  app.add_option("--head-dim-qk", f.head_dim_qk, "feature size of q and k")->check(pos)->group(g);
+  app.add_option("--head-dim-v", f.head_dim_v, "feature size of v and out")->check(pos)->group(g);
+  app.add_option("--dtype", f.dtype, "f32|f64|bf16|f16")->group(g)->capture_default_str();
+  app.add_option("--layout", f.layout, "bshd|bhsd|sbhd (thd comes from --varlen-*) [bshd]")->group(g);
+  f.scale_opt = app.add_option("--scale", f.scale, "softmax scale [1/sqrt(head_dim_qk)]")->group(g);
+  app.add_flag("--causal", f.causal, "bottom-right aligned causal mask")->group(g);
+  app.add_option("--window", f.window, "sliding window L,R (-1 = unbounded side)")->group(g);
+  app.add_option("--softcap", f.softcap, "softcap*tanh(s/softcap); 0 disables")->group(g);
+  app.add_flag("--alibi", f.alibi, "ALiBi with per-head slopes")->group(g);
+  app.add_option("--bias", f.bias, "additive bias: none|full (B,H)|batch (B,1)|head (1,H)|shared (1,1)")
+      ->check(CLI::IsMember({"none", "full", "batch", "head", "shared"}))->group(g)->capture_default_str();
+  app.add_flag("--bias-grad", f.bias_grad, "training also computes dbias")->group(g);
+  app.add_option("--dropout", f.dropout, "dropout probability in [0, 1)")->group(g);
+  app.add_option("--seed", f.seed, "dropout seed")->check(non_negative_int())->group(g);
+  app.add_option("--varlen-q", f.varlen_q, "per-sequence query lengths, e.g. 3,0,5 (thd layout)")
+      ->delimiter(',')->check(non_negative_int())->group(g);
+  app.add_option("--varlen-kv", f.varlen_kv, "per-sequence key lengths, e.g. 4,0,6 (thd layout)")
+      ->delimiter(',')->check(non_negative_int())->group(g);
+  app.add_flag("--deterministic", f.deterministic, "bitwise reproducible backward")->group(g);
+  app.add_flag("--no-lse", f.no_lse, "do not return the log-sum-exp")->group(g);
+
+  const char* m = "Mode and policy";
+  auto* tr = app.add_flag("--training", f.training, "forward and backward must be supported (default)")
+                 ->group(m);
+  auto* inf = app.add_flag("--inference", f.inference, "only forward must be supported")->group(m);
+  tr->excludes(inf);
+  inf->excludes(tr);
+  app.add_option("--backend", f.backend, "force this backend (overrides ATTEND_BACKEND)")->group(m);
+  app.add_option("--disable", f.disable, "never use these backends, e.g. a,b (adds to ATTEND_DISABLE)")
+      ->delimiter(',')->group(m);
+}
+
+namespace {
+
+std::int64_t parse_window_side(std::string_view text, std::string_view whole) {
+  std::int64_t v = 0;
+  const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr != text.data() + text.size() || text.empty() || v < -1) {
+    throw CLI::ValidationError("--window", "'" + std::string(whole) +
+                                               "' is not L,R with integers >= -1 (-1 = unbounded)");
+  }
+  return v;
+}
+
+void set_varlen(const ProblemFlags& f, Problem& p) {
+  p.lens_q = f.varlen_q.empty() ? f.varlen_kv : f.varlen_q;
+  p.lens_kv = f.varlen_kv.empty() ? f.varlen_q : f.varlen_kv;
+  if (p.lens_q.size() != p.lens_kv.size()) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--varlen-kv", std::to_string(p.lens_kv.size()) + " lengths",
+                        "--varlen-q and --varlen-kv must list the same number of sequences (" +
+                            std::to_string(p.lens_q.size()) + " query lengths given)");
+  }
+  const char* conflict = f.batch_opt->count() ? "--batch"
+                         : f.seqlen_opt->count() ? "--seqlen"
+                         : f.seqlen_q ? "--seqlen-q"
+                         : f.seqlen_kv ? "--seqlen-kv"
+                                       : nullptr;
+  if (conflict != nullptr) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, conflict, "given",
+                        "with --varlen-q/--varlen-kv the batch is the number of lengths "
+                        "and the sequence lengths are their maxima");
+  }
+  if (!f.layout.empty() && f.layout != "thd") {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--layout", f.layout,
+                        "--varlen-q/--varlen-kv imply the packed thd layout");
+  }
+  auto& s = p.spec;
+  s.layout = attend::Layout::thd;
+  s.batch = static_cast<std::int64_t>(p.lens_q.size());
+  s.seqlen_q = *std::max_element(p.lens_q.begin(), p.lens_q.end());
+  s.seqlen_kv = *std::max_element(p.lens_kv.begin(), p.lens_kv.end());
+  s.total_q = std::accumulate(p.lens_q.begin(), p.lens_q.end(), std::int64_t{0});
+  s.total_kv = std::accumulate(p.lens_kv.begin(), p.lens_kv.end(), std::int64_t{0});
+}
+
+void apply_policy(const ProblemFlags& f, attend::Policy& policy) {
+  const auto registered = [] {
+    std::string names;
+    for (const auto& rb : attend::Registry::global().backends()) {
+      names += (names.empty() ? "" : ", ") + std::string(rb.backend->name());
+    }
+    return names;
+  };
+  if (!f.backend.empty()) {
+    if (!attend::Registry::global().find(f.backend)) {
+      throw attend::Error(attend::ErrorCode::unsupported, "--backend", f.backend,
+                          "no backend named '" + f.backend + "' is registered (registered: " + registered() + ")");
+    }
+    policy.force = f.backend;
+  }
+  for (const auto& name : f.disable) {
+    if (name.empty()) continue;
+    if (!attend::Registry::global().find(name)) {
+      throw attend::Error(attend::ErrorCode::invalid_argument, "--disable", name,
+                          "no backend named '" + name + "' is registered (registered: " + registered() + ")");
+    }
+    if (std::find(policy.disabled.begin(), policy.disabled.end(), name) == policy.disabled.end()) {
+      policy.disabled.push_back(name);
+    }
+  }
+}
+
+}  // namespace
+
+Problem make_problem(const ProblemFlags& f) {
+  Problem p;
+  auto& s = p.spec;
+  s.batch = f.batch;
+  s.seqlen_q = f.seqlen_q ? f.seqlen_q : f.seqlen;
+  s.seqlen_kv = f.seqlen_kv ? f.seqlen_kv : f.seqlen;
+  s.heads_q = f.heads_q ? f.heads_q : f.heads;
+  s.heads_kv = f.heads_kv ? f.heads_kv : f.heads;
+  s.head_dim_qk = f.head_dim_qk ? f.head_dim_qk : f.head_dim;
+  s.head_dim_v = f.head_dim_v ? f.head_dim_v : f.head_dim;
+  s.dtype = attend::parse_dtype(f.dtype, "--dtype");
+  if (s.dtype == attend::DType::i32) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--dtype", f.dtype,
+                        "i32 is an index type; use f32, f64, bf16 or f16");
+  }
+  if (!f.layout.empty()) {
+    s.layout = attend::parse_layout(f.layout);
+    if (s.layout == attend::Layout::thd && f.varlen_q.empty() && f.varlen_kv.empty()) {
+      throw attend::Error(attend::ErrorCode::invalid_argument, "--layout", f.layout,
+                          "the thd layout needs per-sequence lengths: give --varlen-q/--varlen-kv");
+    }
+  }
+  if (!f.varlen_q.empty() || !f.varlen_kv.empty()) set_varlen(f, p);
+  if (f.scale_opt->count() > 0) s.scale = f.scale;
+  s.causal = f.causal;
+  if (!f.window.empty()) {
+    const auto comma = f.window.find(',');
+    if (comma == std::string::npos) {
+      throw CLI::ValidationError("--window", "'" + f.window + "' is not L,R (e.g. 128,0)");
+    }
+    s.window_left = parse_window_side(std::string_view(f.window).substr(0, comma), f.window);
+    s.window_right = parse_window_side(std::string_view(f.window).substr(comma + 1), f.window);
+  }
+  s.softcap = f.softcap;
+  s.alibi = f.alibi;
+  if (f.bias != "none") {
+    s.has_bias = true;
+    p.bias_batch = (f.bias == "full" || f.bias == "batch") ? s.batch : 1;
+    p.bias_heads = (f.bias == "full" || f.bias == "head") ? s.heads_q : 1;
+  }
+  if (f.bias_grad && !s.has_bias) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--bias-grad", "set",
+                        "needs a bias: add --bias full|batch|head|shared");
+  }
+  s.bias_requires_grad = f.bias_grad;
+  s.dropout_p = f.dropout;
+  s.dropout_seed = f.seed;
+  s.deterministic = f.deterministic;
+  s.need_lse = !f.no_lse;
+  p.mode = f.inference ? attend::Mode::inference : attend::Mode::training;
+  attend::validate(s);
+
+  p.policy = attend::Policy::from_env();
+  apply_policy(f, p.policy);
+  return p;
+}
+
+std::string describe_mode(attend::Mode mode) {
+  return mode == attend::Mode::training ? "training (forward and backward must be supported)"
+                                        : "inference (forward only)";
+}
+
+}  // namespace attend_cli

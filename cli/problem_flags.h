@@ -1,0 +1,58 @@
+// The problem flags shared by every subcommand, and their translation into an
+// attend::AttentionSpec, a Mode and a Policy.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attend/select.h"
+#include "attend/spec.h"
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace attend_cli {
+
+// Raw flag values, bound to CLI11 options by add_problem_flags. Sizes of 0 mean
+// "not given" (the validators reject an explicit 0).
+struct ProblemFlags {
+  std::int64_t batch = 1, seqlen = 512, seqlen_q = 0, seqlen_kv = 0;
+  std::int64_t heads = 8, heads_q = 0, heads_kv = 0;
+  std::int64_t head_dim = 64, head_dim_qk = 0, head_dim_v = 0;
+  std::string dtype = "f32", layout, window, bias = "none";
+  double scale = 0.0, softcap = 0.0, dropout = 0.0;
+  std::uint64_t seed = 0;
+  bool causal = false, alibi = false, bias_grad = false, deterministic = false, no_lse = false;
+  bool training = false, inference = false;
+  std::vector<std::int64_t> varlen_q, varlen_kv;
+  std::string backend;
+  std::vector<std::string> disable;
+
+  // Options whose presence (not only value) matters.
+  CLI::Option* batch_opt = nullptr;
+  CLI::Option* seqlen_opt = nullptr;
+  CLI::Option* scale_opt = nullptr;
+};
+
+void add_problem_flags(CLI::App& app, ProblemFlags& flags);
+
+// A fully-resolved problem.
+struct Problem {
+  attend::AttentionSpec spec;
+  attend::Mode mode = attend::Mode::training;
+  attend::Policy policy;
+  std::vector<std::int64_t> lens_q, lens_kv;  // varlen: per-sequence lengths
+  std::int64_t bias_batch = 0, bias_heads = 0;  // has_bias: leading dims of bias (1|B, 1|H)
+};
+
+// Builds and validates the problem; throws attend::Error (bad values, unknown
+// --backend) or CLI::ValidationError (malformed flag text).
+Problem make_problem(const ProblemFlags& flags);
+
+// "training" or "inference", with what the mode requires.
+std::string describe_mode(attend::Mode mode);
+
+}  // namespace attend_cli

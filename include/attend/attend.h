@@ -1,0 +1,11 @@
+// Umbrella header for the attend library.
+#pragma once
+
+#include "attend/attention.h"
+#include "attend/backend.h"
+#include "attend/dtype.h"
+#include "attend/error.h"
+#include "attend/registry.h"
+#include "attend/select.h"
+#include "attend/spec.h"
+#include "attend/tensor.h"

@@ -1,0 +1,21 @@
+// Element types attend can store and exchange.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace attend {
+
+// f32 and f64 are computed today; bf16 and f16 can be described (so that a spec
+// can say what the user has and every backend can answer "not supported" with a
+// reason) but no backend computes them yet. i32 is for index tensors (cu_seqlens).
+enum class DType : std::uint8_t { f32, f64, bf16, f16, i32 };
+
+std::size_t size_of(DType dtype);
+std::string_view to_string(DType dtype);
+// Parses "f32"/"float32", "f64"/"float64", "bf16"/"bfloat16", "f16"/"float16", "i32"/"int32";
+// throws attend::Error naming `field` otherwise.
+DType parse_dtype(std::string_view text, std::string_view field = "dtype");
+
+}  // namespace attend

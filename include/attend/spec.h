@@ -1,0 +1,92 @@
+// AttentionSpec — the problem, independent of where its data lives.
+//
+// Semantics follow FlashAttention (see README "Semantics"):
+//   s_ij = scale * <q_i, k_j>
+//   s_ij = softcap * tanh(s_ij / softcap)                 if softcap > 0
+//   s_ij += -slope[b,h] * |i + Sk - Sq - j|               if alibi
+//   s_ij += bias[b,h,i,j]                                 if has_bias
+//   s_ij = -inf outside the mask (causal / window, bottom-right aligned)
+//   P = softmax_j(s);  P' = P * keep / (1 - dropout_p);  O_i = sum_j P'_ij v_j
+//   LSE_i = log sum_j exp(s_ij)   (natural log, before dropout)
+// A row with no unmasked key has O_i = 0 and LSE_i = -inf.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "attend/dtype.h"
+#include "attend/tensor.h"
+
+namespace attend {
+
+// What the caller is going to do with the result. Training needs a backend that
+// supports forward AND backward for the spec; inference only needs forward.
+enum class Mode : std::uint8_t { inference, training };
+// One direction of the computation; backends declare support per pass.
+enum class Pass : std::uint8_t { forward, backward };
+
+std::string_view to_string(Mode mode);
+std::string_view to_string(Pass pass);
+
+struct AttentionSpec {
+  // --- sizes --------------------------------------------------------------------
+  std::int64_t batch = 1;       // number of sequences (B); varlen: entries of cu_seqlens - 1
+  std::int64_t seqlen_q = 1;    // queries per sequence; varlen: the maximum over sequences
+  std::int64_t seqlen_kv = 1;   // keys per sequence; varlen: the maximum over sequences
+  std::int64_t heads_q = 1;     // query heads (H)
+  std::int64_t heads_kv = 1;    // key/value heads; H % heads_kv == 0, query head h reads
+                                // kv head h / (H / heads_kv)  (GQA; MQA when heads_kv == 1)
+  std::int64_t head_dim_qk = 64;  // feature size of q and k
+  std::int64_t head_dim_v = 64;   // feature size of v and out; may differ (e.g. 192/128, MLA)
+  // Varlen only: total packed tokens, the first dim of the thd tensors.
+  std::int64_t total_q = 0;
+  std::int64_t total_kv = 0;
+
+  // --- data --------------------------------------------------------------------
+  DType dtype = DType::f32;     // of q, k, v, out, bias and all gradients
+  Layout layout = Layout::bshd; // of q, k, v, out, dout, dq, dk, dv; thd <=> varlen
+
+  // --- logits ------------------------------------------------------------------
+  std::optional<double> scale;  // multiplies q.k; default 1/sqrt(head_dim_qk)
+  double softcap = 0.0;         // > 0 enables softcap*tanh(s/softcap); 0 disables
+  bool alibi = false;           // slopes (f32, shape (H) or (B,H)) passed with the inputs
+  bool has_bias = false;        // additive bias (dtype, shape (1|B, 1|H, seqlen_q, seqlen_kv))
+  bool bias_requires_grad = false;  // training also produces dbias (same shape as bias)
+
+  // --- mask (bottom-right aligned: row i sits at key position i + seqlen_kv - seqlen_q) --
+  bool causal = false;              // keep j <= i + Sk - Sq; forces window_right = 0
+  std::int64_t window_left = -1;    // keep j >= i + Sk - Sq - window_left; -1 = unbounded
+  std::int64_t window_right = -1;   // keep j <= i + Sk - Sq + window_right; -1 = unbounded
+
+  // --- regularisation ----------------------------------------------------------
+  double dropout_p = 0.0;       // in [0, 1); kept entries scale by 1/(1-p)
+  std::uint64_t dropout_seed = 0;  // keys the Philox mask: same seed, same mask, any backend
+
+  // --- outputs / behaviour -----------------------------------------------------
+  bool need_lse = true;         // write LSE (always kept internally for training)
+  bool deterministic = false;   // backward must be bitwise identical across thread counts
+
+  bool varlen() const { return layout == Layout::thd; }
+  double effective_scale() const;
+  // The window after FlashAttention's normalisation: causal forces right = 0.
+  std::int64_t effective_window_right() const { return causal ? 0 : window_right; }
+  bool is_masked() const { return causal || window_left >= 0 || window_right >= 0; }
+  std::int64_t group_size() const { return heads_q / heads_kv; }
+};
+
+// Checks every field of the spec on its own (no tensors): positive sizes, GQA
+// divisibility, finite scale/softcap, window >= -1, dropout in [0,1), layout vs
+// varlen, and that every tensor the spec implies has a byte size that fits in
+// size_t. Throws attend::Error naming the first bad field.
+void validate(const AttentionSpec& spec);
+
+// A compact, stable string of every field that can influence backend choice;
+// equal signatures mean equal selections (the selection cache key).
+std::string signature(const AttentionSpec& spec);
+
+// One-line human summary, e.g. "B=2 Sq=1024 Sk=1024 H=16/16 D=192/128 f32 bshd causal".
+std::string describe(const AttentionSpec& spec);
+
+}  // namespace attend

@@ -1,0 +1,80 @@
+// Non-owning tensor views, memory layouts, and a small owning tensor.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "attend/dtype.h"
+
+namespace attend {
+
+// How the dimensions of q, k, v, out (and their gradients) are ordered.
+//   bshd: (batch, seqlen, heads, head_dim)      — FlashAttention's layout
+//   bhsd: (batch, heads, seqlen, head_dim)      — PyTorch SDPA's layout
+//   sbhd: (seqlen, batch, heads, head_dim)      — Megatron / TransformerEngine
+//   thd:  (total_tokens, heads, head_dim)       — packed variable-length sequences;
+//         sequence b owns rows [cu_seqlens[b], cu_seqlens[b+1]).
+enum class Layout : std::uint8_t { bshd, bhsd, sbhd, thd };
+
+std::string_view to_string(Layout layout);
+Layout parse_layout(std::string_view text);
+
+// A strided view of memory owned by someone else. Shape and strides are in
+// elements (not bytes) and ordered as the layout names them. The last dimension
+// must be contiguous (stride 1); other strides must be non-negative.
+struct TensorView {
+  static constexpr int kMaxDims = 4;
+
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int ndim = 0;
+  std::array<std::int64_t, kMaxDims> shape{};
+  std::array<std::int64_t, kMaxDims> strides{};
+
+  // True when the view describes a tensor (ndim > 0); an absent optional input
+  // (no bias, no dbias) is a default-constructed view.
+  bool defined() const { return ndim > 0; }
+  // Product of the shape; throws attend::Error on int64 overflow.
+  std::int64_t numel() const;
+  // Row-major contiguous view over `data`.
+  static TensorView contiguous(void* data, DType dtype, std::span<const std::int64_t> shape);
+  static TensorView contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape) {
+    return contiguous(data, dtype, std::span<const std::int64_t>(shape.begin(), shape.size()));
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data); }
+  std::string shape_string() const;  // "(2, 1024, 16, 192)"
+};
+
+// An owning, contiguous, zero-initialised tensor. Copies share the storage.
+class Tensor {
+ public:
+  Tensor() = default;
+  // Throws attend::Error(overflow) when the byte size overflows and
+  // attend::Error(out_of_memory) when the allocation fails.
+  static Tensor zeros(DType dtype, std::span<const std::int64_t> shape);
+  static Tensor zeros(DType dtype, std::initializer_list<std::int64_t> shape) {
+    return zeros(dtype, std::span<const std::int64_t>(shape.begin(), shape.size()));
+  }
+  // Same dtype and shape as `view`, contiguous.
+  static Tensor zeros_like(const TensorView& view);
+
+  const TensorView& view() const { return view_; }
+  operator const TensorView&() const { return view_; }  // NOLINT: views are how tensors travel
+  void* data() const { return view_.data; }
+  template <typename T>
+  T* as() const { return view_.as<T>(); }
+  std::int64_t numel() const { return view_.numel(); }
+  bool defined() const { return view_.defined(); }
+
+ private:
+  static Tensor allocate(TensorView view);
+  std::shared_ptr<std::byte[]> storage_;
+  TensorView view_;
+};
+
+}  // namespace attend

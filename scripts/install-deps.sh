@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages attend needs to build, test and benchmark.
+# Idempotent: does nothing when everything is already installed.
+set -euo pipefail
+
+packages=(
+  cmake g++ make pkg-config
+  libgtest-dev libgmock-dev      # GoogleTest / GoogleMock
+  libbenchmark-dev               # Google Benchmark
+  libopenblas-dev                # sgemm baseline for benchmarks
+  libcli11-dev                   # command-line parsing
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: install dependencies, build everything, run the whole suite.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${ATTEND_BUILD_DIR:-$root/build}"
+bash "$root/scripts/install-deps.sh"
+bash "$root/scripts/build.sh"
+ctest --test-dir "$build" --output-on-failure -j "${ATTEND_JOBS:-$(nproc)}"

@@ -1,0 +1,113 @@
+// The flash backend: capability check, workspace, and the parallel loops over
+// the tile kernels of the active ISA.
+#include "attend/backends/flash.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "attend/error.h"
+#include "backends/flash/dispatch.h"
+#include "backends/flash/flash_params.h"
+
+namespace attend {
+namespace {
+
+// ATTEND_NUM_THREADS caps the threads; otherwise OpenMP decides (OMP_NUM_THREADS).
+int thread_budget() {
+  if (const char* env = std::getenv("ATTEND_NUM_THREADS"); env && *env) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (*end != '\0' || n < 1 || n > 4096) {
+      throw Error(ErrorCode::invalid_argument, "ATTEND_NUM_THREADS", env, "expected an integer in [1, 4096]");
+    }
+    return static_cast<int>(n);
+  }
+  return std::max(1, omp_get_max_threads());
+}
+
+class FlashBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "flash"; }
+
+  Support check(const AttentionSpec& s, Pass pass) const override {
+    Support sup;
+    sup.require(s.dtype == DType::f32, ReasonCode::dtype,
+                "dtype=" + std::string(to_string(s.dtype)) + " is not computed by flash (f32 only for now)");
+    sup.require(s.head_dim_qk <= kFlashMaxHeadDimQk, ReasonCode::head_dim_qk,
+                "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the flash limit " +
+                    std::to_string(kFlashMaxHeadDimQk));
+    sup.require(s.head_dim_v <= kFlashMaxHeadDimV, ReasonCode::head_dim_v,
+                "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the flash limit " +
+                    std::to_string(kFlashMaxHeadDimV));
+    if (pass == Pass::backward) {
+      sup.require(!s.bias_requires_grad, ReasonCode::bias_grad,
+                  "bias_requires_grad=true: flash backward does not compute dbias");
+    }
+    return sup;
+  }
+
+  std::size_t workspace_bytes(const AttentionSpec& s, Pass pass) const override {
+    const flash::KernelTable& k = flash::active_kernels();
+    const std::int64_t per_thread =
+        pass == Pass::forward ? k.forward_scratch(s.head_dim_qk, s.head_dim_v) : k.backward_scratch(s.head_dim_qk, s.head_dim_v);
+    return static_cast<std::size_t>(per_thread) * sizeof(float) * static_cast<std::size_t>(thread_budget());
+  }
+
+ protected:
+  void run_forward(const ForwardArgs& a) const override {
+    const flash::KernelTable& k = flash::active_kernels();
+    const flash::FlashParams p = flash::make_forward_params(a);
+    // Tasks: (batch, head, query block). Later query blocks see more keys under
+    // a causal mask, so they are queued first for better load balance.
+    struct Task { std::int64_t b, h, qb; };
+    std::vector<Task> tasks;
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      const std::int64_t blocks = (p.span(b).q_len + k.block_m - 1) / k.block_m;
+      for (std::int64_t qb = blocks - 1; qb >= 0; --qb) {
+        for (std::int64_t h = 0; h < p.heads_q; ++h) tasks.push_back({b, h, qb});
+      }
+    }
+    const std::size_t per_thread = static_cast<std::size_t>(k.forward_scratch(p.dqk, p.dv));
+    run_parallel(a.workspace, per_thread, static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t, float* scratch) {
+      k.forward_block(p, tasks[t].b, tasks[t].h, tasks[t].qb, scratch);
+    });
+  }
+
+  void run_backward(const BackwardArgs& a) const override {
+    const flash::KernelTable& k = flash::active_kernels();
+    const flash::FlashParams p = flash::make_backward_params(a);
+    const std::size_t per_thread = static_cast<std::size_t>(k.backward_scratch(p.dqk, p.dv));
+    run_parallel(a.workspace, per_thread, p.batch * p.heads_kv, [&](std::int64_t t, float* scratch) {
+      k.backward_head(p, t / p.heads_kv, t % p.heads_kv, scratch);
+    });
+  }
+
+ private:
+  // Runs fn(task, scratch) for every task; each thread owns one scratch slice.
+  template <class Fn>
+  static void run_parallel(const Workspace& ws, std::size_t per_thread_floats, std::int64_t tasks, Fn&& fn) {
+    const std::size_t slice_bytes = per_thread_floats * sizeof(float);
+    const int threads = std::max(1, static_cast<int>(std::min<std::size_t>(
+        {static_cast<std::size_t>(thread_budget()), ws.bytes / slice_bytes, static_cast<std::size_t>(std::max<std::int64_t>(tasks, 1))})));
+    auto* base = static_cast<float*>(ws.data);
+#pragma omp parallel num_threads(threads)
+    {
+      float* scratch = base + per_thread_floats * static_cast<std::size_t>(omp_get_thread_num());
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t t = 0; t < tasks; ++t) fn(t, scratch);
+    }
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Backend> make_flash_backend() { return std::make_shared<FlashBackend>(); }
+
+std::string_view flash_active_isa() { return flash::active_kernels().isa; }
+bool flash_isa_supported(std::string_view isa) { return flash::cpu_supports(isa); }
+
+}  // namespace attend

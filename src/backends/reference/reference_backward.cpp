@@ -1,0 +1,181 @@
+// The reference backward pass: dQ, dK, dV and dbias from a recomputed softmax.
+#include "backends/reference/reference_common.h"
+#include "backends/reference/reference_kernels.h"
+
+namespace attend::reference {
+namespace impl {
+namespace {
+
+// ds[r] <- dL/ds_ij for row i of (b, h) given its probabilities p. With
+// dropout, P' = P*f, dP'_ij = dO_i.v_j and dP = dP'*f. D_i = sum_j P'_ij dP'_ij
+// equals rowsum(dO_i * O_i); it is formed from the recomputed P' rather than
+// the stored O so that f32 rounding of O cannot leak into the oracle.
+// dv_acc (optional) accumulates P'^T dO for the kv head.
+template <typename T, typename Acc>
+void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, std::int64_t i, KeyRange r,
+                    const Acc* p, const T* dO, Acc* f, Acc* ds, Acc* dv_acc) {
+  const std::int64_t kvh = h / pr.group;
+  if (pr.dropout) dropout_factors(pr, b, h, i, r, f);
+  Acc D = 0;
+  for (std::int64_t j = r.begin; j < r.end; ++j) {
+    const T* vj = pr.v_row(b, j, kvh);
+    const Acc dpd = dot<Acc>(dO, vj, pr.dv);
+    const Acc pd = pr.dropout ? p[j] * f[j] : p[j];
+    D += pd * dpd;
+    ds[j] = pr.dropout ? dpd * f[j] : dpd;
+    if (dv_acc != nullptr && pd != 0) {
+      Acc* dvj = dv_acc + j * pr.dv;
+      for (std::int64_t d = 0; d < pr.dv; ++d) dvj[d] += pd * static_cast<Acc>(dO[d]);
+    }
+  }
+  for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] = p[j] * (ds[j] - D);
+}
+
+template <typename T, typename Acc>
+struct BackwardCtx {
+  const Problem<T, Acc>& pr;
+  const BackwardArgs& a;
+  detail::TokenStrides dos, dqs, dks, dvs;
+  detail::BiasStrides dbs;
+  bool dbias_direct = false;  // every dbias slice has exactly one (b, h) contributor
+};
+
+// Pass 1, task (b, kv head): dQ for the group's query heads, dK/dV summed over
+// the group in head order, and dbias when it is not broadcast.
+template <typename T, typename Acc>
+void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kvh, WorkerScratch<Acc> ws) {
+  const Problem<T, Acc>& pr = c.pr;
+  const detail::SeqSpan& sp = pr.spans[b];
+  const std::int64_t sk = sp.kv_len;
+  Acc *S = ws.buf[kScores], *tn = ws.buf[kTanh], *ds = ws.buf[kRowGrad], *dq = ws.buf[kOutRow];
+  Acc *dk_acc = ws.buf[kDkAcc], *dv_acc = ws.buf[kDvAcc];
+  std::fill_n(dk_acc, sk * pr.dqk, Acc{0});
+  std::fill_n(dv_acc, sk * pr.dv, Acc{0});
+  for (std::int64_t h = kvh * pr.group; h < (kvh + 1) * pr.group; ++h) {
+    logits(pr, b, h, S, pr.softcap > 0 ? tn : nullptr);
+    for (std::int64_t i = 0; i < sp.q_len; ++i) {
+      const KeyRange r = pr.keys(b, i);
+      Acc* p = S + i * sk;
+      std::fill_n(dq, pr.dqk, Acc{0});
+      if (softmax_row(p, sk, r) != static_cast<Acc>(kNegInf)) {
+        const std::int64_t row = sp.q_begin + i;
+        const T* dO = c.a.dout.template as<const T>() + c.dos.offset(b, row, h);
+        score_grad_row(pr, b, h, i, r, p, dO, ws.buf[kFactors], ds, dv_acc);
+        if (c.dbias_direct) {
+          T* db = c.a.dbias.template as<T>() + c.dbs.offset(b, h, i);
+          for (std::int64_t j = r.begin; j < r.end; ++j) db[j] = static_cast<T>(ds[j]);
+        }
+        // Through softcap: d(c*tanh(x/c))/dx = 1 - t^2.
+        if (pr.softcap > 0)
+          for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] *= Acc{1} - tn[i * sk + j] * tn[i * sk + j];
+        const T* qi = pr.q + pr.qs.offset(b, row, h);
+        for (std::int64_t j = r.begin; j < r.end; ++j) {
+          if (ds[j] == 0) continue;
+          const T* kj = pr.k_row(b, j, kvh);
+          Acc* dkj = dk_acc + j * pr.dqk;
+          const Acc g = pr.scale * ds[j];
+          for (std::int64_t d = 0; d < pr.dqk; ++d) {
+            dq[d] += ds[j] * static_cast<Acc>(kj[d]);
+            dkj[d] += g * static_cast<Acc>(qi[d]);
+          }
+        }
+      }
+      T* out = c.a.dq.template as<T>() + c.dqs.offset(b, sp.q_begin + i, h);
+      for (std::int64_t d = 0; d < pr.dqk; ++d) out[d] = static_cast<T>(pr.scale * dq[d]);
+    }
+  }
+  for (std::int64_t j = 0; j < sk; ++j) {
+    T* dk = c.a.dk.template as<T>() + c.dks.offset(b, sp.kv_begin + j, kvh);
+    T* dv = c.a.dv.template as<T>() + c.dvs.offset(b, sp.kv_begin + j, kvh);
+    for (std::int64_t d = 0; d < pr.dqk; ++d) dk[d] = static_cast<T>(dk_acc[j * pr.dqk + d]);
+    for (std::int64_t d = 0; d < pr.dv; ++d) dv[d] = static_cast<T>(dv_acc[j * pr.dv + d]);
+  }
+}
+
+// Pass 2, task = one slice (bb, hb) of a broadcast dbias: recompute dS for every
+// (b, h) that maps onto it, in a fixed order, and sum in the worker's slice.
+template <typename T, typename Acc>
+void dbias_task(const BackwardCtx<T, Acc>& c, std::int64_t bb, std::int64_t hb, WorkerScratch<Acc> ws) {
+  const Problem<T, Acc>& pr = c.pr;
+  const TensorView& dbias = c.a.dbias;
+  const std::int64_t lq = pr.spec->seqlen_q, lk = pr.spec->seqlen_kv;
+  Acc* slice = ws.buf[kBiasSlice];
+  std::fill_n(slice, lq * lk, Acc{0});
+  const bool all_b = dbias.shape[0] == 1, all_h = dbias.shape[1] == 1;
+  for (std::int64_t b = all_b ? 0 : bb; b < (all_b ? pr.B : bb + 1); ++b) {
+    const detail::SeqSpan& sp = pr.spans[b];
+    for (std::int64_t h = all_h ? 0 : hb; h < (all_h ? pr.H : hb + 1); ++h) {
+      Acc* S = ws.buf[kScores];
+      logits(pr, b, h, S, static_cast<Acc*>(nullptr));
+      for (std::int64_t i = 0; i < sp.q_len; ++i) {
+        const KeyRange r = pr.keys(b, i);
+        Acc* p = S + i * sp.kv_len;
+        if (softmax_row(p, sp.kv_len, r) == static_cast<Acc>(kNegInf)) continue;
+        const T* dO = c.a.dout.template as<const T>() + c.dos.offset(b, sp.q_begin + i, h);
+        Acc* ds = ws.buf[kRowGrad];
+        score_grad_row(pr, b, h, i, r, p, dO, ws.buf[kFactors], ds, static_cast<Acc*>(nullptr));
+        for (std::int64_t j = r.begin; j < r.end; ++j) slice[i * lk + j] += ds[j];
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < lq; ++i) {
+    T* db = dbias.as<T>() + c.dbs.offset(bb, hb, i);
+    for (std::int64_t j = 0; j < lk; ++j) db[j] = static_cast<T>(slice[i * lk + j]);
+  }
+}
+
+template <typename T, typename Acc>
+void run_backward(const BackwardArgs& a, bool acc64) {
+  const Problem<T, Acc> pr(a.spec, a.in);
+  const Layout lay = a.spec.layout;
+  BackwardCtx<T, Acc> c{pr,
+                        a,
+                        detail::token_strides(a.dout, lay),
+                        detail::token_strides(a.dq, lay),
+                        detail::token_strides(a.dk, lay),
+                        detail::token_strides(a.dv, lay),
+                        {},
+                        false};
+  const bool want_dbias = a.spec.has_bias && a.spec.bias_requires_grad && a.dbias.defined();
+  std::int64_t slices = 0;
+  if (want_dbias) {
+    c.dbs = detail::bias_strides(a.dbias);
+    c.dbias_direct = a.dbias.shape[0] == pr.B && a.dbias.shape[1] == pr.H;
+    slices = a.dbias.shape[0] * a.dbias.shape[1];
+    fill_view(a.dbias, T{0});
+  }
+  Sizer z;
+  const BufferSizes sizes = buffer_sizes(a.spec, Pass::backward, acc64, z);
+  const ScratchPlan plan = plan_scratch(a.spec, Pass::backward, acc64);
+  fill_view(a.dq, T{0});
+  fill_view(a.dk, T{0});
+  fill_view(a.dv, T{0});
+  const Workers workers(a.workspace, plan.worker_bytes,
+                        planned_workers(a.spec, std::max(pr.B * pr.Hkv, slices)));
+  parallel_tasks(pr.B * pr.Hkv, workers, [&](std::int64_t t, std::byte* mem) {
+    backward_task(c, t / pr.Hkv, t % pr.Hkv, WorkerScratch<Acc>(mem, sizes));
+  });
+  if (want_dbias && !c.dbias_direct) {
+    const std::int64_t hb = a.dbias.shape[1];
+    parallel_tasks(slices, workers, [&](std::int64_t t, std::byte* mem) {
+      dbias_task(c, t / hb, t % hb, WorkerScratch<Acc>(mem, sizes));
+    });
+  }
+}
+
+}  // namespace
+}  // namespace impl
+
+void backward(const BackwardArgs& args, bool accumulate_f64) {
+  using namespace impl;
+  guard_alloc([&] {
+    if (args.spec.dtype == DType::f64)
+      run_backward<double, double>(args, true);
+    else if (accumulate_f64)
+      run_backward<float, double>(args, true);
+    else
+      run_backward<float, float>(args, false);
+  });
+}
+
+}  // namespace attend::reference

@@ -1,0 +1,104 @@
+// Rendering of a Selection: the verdict table (for people) and JSON (for tools).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "attend/select.h"
+
+namespace attend {
+
+namespace {
+
+std::string pass_cell(const std::optional<Support>& s) {
+  if (!s) return "n/a";
+  return s->ok() ? "ok" : "NO";
+}
+
+std::string verdict_cell(const Verdict& v) {
+  if (v.chosen) return "chosen";
+  if (v.disabled) return "disabled by policy";
+  if (v.not_forced) return "skipped: another backend is forced";
+  if (v.viable) return "viable (lower priority)";
+  return "rejected";
+}
+
+std::string pad(std::string s, std::size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  return s;
+}
+
+std::string json_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+std::string support_json(const Support& s) {
+  std::string out = "{\"supported\": " + std::string(s.ok() ? "true" : "false") + ", \"reasons\": [";
+  for (std::size_t i = 0; i < s.reasons.size(); ++i) {
+    out += (i ? ", " : "") + std::string("{\"code\": \"") + std::string(to_string(s.reasons[i].code)) +
+           "\", \"message\": \"" + json_escape(s.reasons[i].message) + "\"}";
+  }
+  return out + "]}";
+}
+
+}  // namespace
+
+std::string Selection::explain() const {
+  std::size_t name_w = 7;
+  for (const auto& v : verdicts) name_w = std::max(name_w, v.backend.size());
+  name_w += 2;
+  std::string out = "problem: " + spec_summary + "\nmode:    " + std::string(to_string(mode)) +
+                    " (needs " + (mode == Mode::training ? "forward + backward" : "forward") + ")\n";
+  out += pad("backend", name_w) + pad("priority", 10) + pad("forward", 9) + pad("backward", 10) + "verdict / reasons\n";
+  out += std::string(name_w + 29 + 17, '-') + "\n";
+  for (const auto& v : verdicts) {
+    out += pad(v.backend, name_w) + pad(std::to_string(v.priority), 10) + pad(pass_cell(v.forward), 9) +
+           pad(pass_cell(v.backward), 10) + verdict_cell(v) + "\n";
+    const auto reasons = [&](const char* pass, const Support& s) {
+      for (const Reason& r : s.reasons) {
+        out += std::string(name_w, ' ') + "- " + pass + ": " + r.message + " [" + std::string(to_string(r.code)) + "]\n";
+      }
+    };
+    reasons("forward", v.forward);
+    if (v.backward) reasons("backward", *v.backward);
+  }
+  if (backend) out += "selected: " + std::string(backend->name()) + "\n";
+  return out;
+}
+
+std::string Selection::to_json() const {
+  std::string out = "{\"problem\": \"" + json_escape(spec_summary) + "\", \"mode\": \"" +
+                    std::string(to_string(mode)) + "\", \"selected\": " +
+                    (backend ? "\"" + json_escape(backend->name()) + "\"" : std::string("null")) +
+                    ", \"backends\": [";
+  for (std::size_t i = 0; i < verdicts.size(); ++i) {
+    const Verdict& v = verdicts[i];
+    out += (i ? ", " : "") + std::string("{\"name\": \"") + json_escape(v.backend) +
+           "\", \"priority\": " + std::to_string(v.priority) +
+           ", \"forward\": " + support_json(v.forward) +
+           ", \"backward\": " + (v.backward ? support_json(*v.backward) : std::string("null")) +
+           ", \"disabled\": " + (v.disabled ? "true" : "false") +
+           ", \"not_forced\": " + (v.not_forced ? "true" : "false") +
+           ", \"viable\": " + (v.viable ? "true" : "false") +
+           ", \"chosen\": " + (v.chosen ? "true" : "false") + "}";
+  }
+  return out + "]}";
+}
+
+}  // namespace attend

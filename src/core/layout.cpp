@@ -1,0 +1,41 @@
+#include "core/layout.h"
+
+namespace attend::detail {
+
+TokenStrides token_strides(const TensorView& t, Layout layout) {
+  switch (layout) {
+    case Layout::bshd: return {t.strides[0], t.strides[1], t.strides[2]};
+    case Layout::bhsd: return {t.strides[0], t.strides[2], t.strides[1]};
+    case Layout::sbhd: return {t.strides[1], t.strides[0], t.strides[2]};
+    case Layout::thd: return {0, t.strides[0], t.strides[1]};
+  }
+  return {};
+}
+
+TokenStrides lse_strides(const TensorView& lse, Layout layout) {
+  // Dense LSE is (B, H, Sq); varlen is (H, total_q) indexed by the packed row.
+  if (layout == Layout::thd) return {0, lse.strides[1], lse.strides[0]};
+  return {lse.strides[0], lse.strides[2], lse.strides[1]};
+}
+
+SeqSpan sequence_span(const AttentionSpec& spec, const Inputs& in, std::int64_t b) {
+  if (!spec.varlen()) return {0, spec.seqlen_q, 0, spec.seqlen_kv};
+  const auto* cq = in.cu_seqlens_q.as<const std::int32_t>();
+  const auto* ck = in.cu_seqlens_kv.as<const std::int32_t>();
+  const std::int64_t sq = in.cu_seqlens_q.strides[0], sk = in.cu_seqlens_kv.strides[0];
+  return {cq[b * sq], cq[(b + 1) * sq] - cq[b * sq], ck[b * sk], ck[(b + 1) * sk] - ck[b * sk]};
+}
+
+BiasStrides bias_strides(const TensorView& bias) {
+  return {bias.shape[0] == 1 ? 0 : bias.strides[0], bias.shape[1] == 1 ? 0 : bias.strides[1],
+          bias.strides[2]};
+}
+
+double alibi_slope(const AttentionSpec& spec, const Inputs& in, std::int64_t b, std::int64_t h) {
+  if (!spec.alibi) return 0.0;
+  const TensorView& a = in.alibi_slopes;
+  const auto* p = a.as<const float>();
+  return a.ndim == 2 ? p[b * a.strides[0] + h * a.strides[1]] : p[h * a.strides[0]];
+}
+
+}  // namespace attend::detail

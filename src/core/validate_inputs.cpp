@@ -1,0 +1,176 @@
+// Tensor validation: every view a backend will read or write is checked against
+// the spec before any kernel runs, so kernels may index without bounds checks.
+#include <string>
+#include <vector>
+
+#include "attend/backend.h"
+#include "attend/error.h"
+#include "core/checked.h"
+
+namespace attend {
+namespace {
+
+using Dims = std::vector<std::int64_t>;
+
+std::string dims_string(const Dims& d) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + ")";
+}
+
+// Shape of a q/k/v/out-like tensor with `rows` tokens per sequence, in `layout`.
+Dims token_shape(const AttentionSpec& s, std::int64_t rows, std::int64_t total, std::int64_t heads,
+                 std::int64_t dim) {
+  switch (s.layout) {
+    case Layout::bshd: return {s.batch, rows, heads, dim};
+    case Layout::bhsd: return {s.batch, heads, rows, dim};
+    case Layout::sbhd: return {rows, s.batch, heads, dim};
+    case Layout::thd: return {total, heads, dim};
+  }
+  return {};
+}
+
+// Checks dtype, shape, strides and pointer; and that the furthest element the
+// view can address is representable in bytes, so offsets never overflow.
+void check_view(const char* name, const TensorView& t, DType dtype, const Dims& shape) {
+  if (!t.defined()) {
+    throw Error(ErrorCode::invalid_argument, name, "undefined", "tensor is required");
+  }
+  if (t.dtype != dtype) {
+    throw Error(ErrorCode::invalid_argument, std::string(name) + ".dtype",
+                std::string(to_string(t.dtype)), "expected " + std::string(to_string(dtype)));
+  }
+  if (t.ndim != static_cast<int>(shape.size())) {
+    throw Error(ErrorCode::shape_mismatch, std::string(name) + ".shape", t.shape_string(),
+                "expected " + dims_string(shape));
+  }
+  std::int64_t extent = 0;  // largest element offset + 1
+  bool empty = false;
+  for (int d = 0; d < t.ndim; ++d) {
+    const std::string dim = std::string(name) + ".shape[" + std::to_string(d) + "]";
+    if (t.shape[d] != shape[d]) {
+      throw Error(ErrorCode::shape_mismatch, dim, std::to_string(t.shape[d]),
+                  "expected " + std::to_string(shape[d]) + " for " + name + dims_string(shape));
+    }
+    if (t.strides[d] < 0) {
+      throw Error(ErrorCode::invalid_argument, std::string(name) + ".strides[" + std::to_string(d) + "]",
+                  std::to_string(t.strides[d]), "strides must be non-negative");
+    }
+    if (t.shape[d] == 0) empty = true;
+    extent = detail::checked_add(extent, detail::checked_mul(t.shape[d] - (t.shape[d] > 0 ? 1 : 0),
+                                                             t.strides[d], name), name);
+  }
+  if (t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1) {
+    throw Error(ErrorCode::invalid_argument, std::string(name) + ".strides[" + std::to_string(t.ndim - 1) + "]",
+                std::to_string(t.strides[t.ndim - 1]), "the last dimension must be contiguous (stride 1)");
+  }
+  (void)detail::checked_bytes(detail::checked_add(extent, 1, name), size_of(t.dtype), name);
+  if (!empty && t.data == nullptr) {
+    throw Error(ErrorCode::invalid_argument, std::string(name) + ".data", "null",
+                "null pointer for a tensor with " + std::to_string(t.numel()) + " elements");
+  }
+}
+
+void check_absent(const char* name, const TensorView& t, const char* flag) {
+  if (t.defined()) {
+    throw Error(ErrorCode::invalid_argument, name, t.shape_string(),
+                std::string("given but spec.") + flag + " is off");
+  }
+}
+
+// cu_seqlens must start at 0, never decrease, stay inside the packed tensor and
+// keep every sequence within the declared maximum length.
+void check_cu_seqlens(const char* name, const TensorView& cu, const AttentionSpec& s,
+                      std::int64_t total, std::int64_t max_len, const char* max_field) {
+  check_view(name, cu, DType::i32, {detail::checked_add(s.batch, 1, name)});
+  const auto* p = cu.as<const std::int32_t>();
+  const auto at = [&](std::int64_t b) { return static_cast<std::int64_t>(p[b * cu.strides[0]]); };
+  const auto field = [&](std::int64_t b) { return std::string(name) + "[" + std::to_string(b) + "]"; };
+  if (at(0) != 0) {
+    throw Error(ErrorCode::invalid_argument, field(0), std::to_string(at(0)), "must be 0");
+  }
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    const std::int64_t len = at(b + 1) - at(b);
+    if (len < 0) {
+      throw Error(ErrorCode::invalid_argument, field(b + 1), std::to_string(at(b + 1)),
+                  "cu_seqlens must be non-decreasing (previous entry " + std::to_string(at(b)) + ")");
+    }
+    if (len > max_len) {
+      throw Error(ErrorCode::invalid_argument, field(b + 1), std::to_string(at(b + 1)),
+                  "sequence " + std::to_string(b) + " has length " + std::to_string(len) +
+                      " above spec." + max_field,
+                  std::to_string(max_len));
+    }
+  }
+  if (at(s.batch) > total) {
+    throw Error(ErrorCode::invalid_argument, field(s.batch), std::to_string(at(s.batch)),
+                "exceeds the packed token count", std::to_string(total));
+  }
+}
+
+Dims lse_shape(const AttentionSpec& s) {
+  return s.varlen() ? Dims{s.heads_q, s.total_q} : Dims{s.batch, s.heads_q, s.seqlen_q};
+}
+
+DType lse_dtype(const AttentionSpec& s) { return s.dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+}  // namespace
+
+void validate_inputs(const AttentionSpec& s, const Inputs& in) {
+  validate(s);
+  check_view("q", in.q, s.dtype, token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk));
+  check_view("k", in.k, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_qk));
+  check_view("v", in.v, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_v));
+  if (s.has_bias) {
+    const TensorView& b = in.bias;
+    if (b.defined() && b.ndim == 4) {
+      // Broadcast dims (size 1) are allowed over batch and heads.
+      const std::int64_t bb = b.shape[0] == 1 ? 1 : s.batch, bh = b.shape[1] == 1 ? 1 : s.heads_q;
+      check_view("bias", b, s.dtype, {bb, bh, s.seqlen_q, s.seqlen_kv});
+    } else {
+      check_view("bias", b, s.dtype, {s.batch, s.heads_q, s.seqlen_q, s.seqlen_kv});
+    }
+  } else {
+    check_absent("bias", in.bias, "has_bias");
+  }
+  if (s.alibi) {
+    const TensorView& a = in.alibi_slopes;
+    check_view("alibi_slopes", a, DType::f32, a.ndim == 2 ? Dims{s.batch, s.heads_q} : Dims{s.heads_q});
+  } else {
+    check_absent("alibi_slopes", in.alibi_slopes, "alibi");
+  }
+  if (s.varlen()) {
+    check_cu_seqlens("cu_seqlens_q", in.cu_seqlens_q, s, s.total_q, s.seqlen_q, "seqlen_q");
+    check_cu_seqlens("cu_seqlens_kv", in.cu_seqlens_kv, s, s.total_kv, s.seqlen_kv, "seqlen_kv");
+  } else {
+    check_absent("cu_seqlens_q", in.cu_seqlens_q, "layout=thd");
+    check_absent("cu_seqlens_kv", in.cu_seqlens_kv, "layout=thd");
+  }
+}
+
+void validate_forward(const ForwardArgs& a) {
+  const AttentionSpec& s = a.spec;
+  validate_inputs(s, a.in);
+  check_view("out", a.out, s.dtype, token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_v));
+  check_view("lse", a.lse, lse_dtype(s), lse_shape(s));
+}
+
+void validate_backward(const BackwardArgs& a) {
+  const AttentionSpec& s = a.spec;
+  validate_inputs(s, a.in);
+  const Dims out_shape = token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_v);
+  check_view("out", a.out, s.dtype, out_shape);
+  check_view("lse", a.lse, lse_dtype(s), lse_shape(s));
+  check_view("dout", a.dout, s.dtype, out_shape);
+  check_view("dq", a.dq, s.dtype, token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk));
+  check_view("dk", a.dk, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_qk));
+  check_view("dv", a.dv, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_v));
+  if (s.bias_requires_grad) {
+    const TensorView& b = a.in.bias;
+    check_view("dbias", a.dbias, s.dtype, Dims(b.shape.begin(), b.shape.begin() + b.ndim));
+  } else {
+    check_absent("dbias", a.dbias, "bias_requires_grad");
+  }
+}
+
+}  // namespace attend

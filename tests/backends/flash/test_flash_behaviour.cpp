@@ -1,0 +1,177 @@
+// flash behaviour beyond numerics: determinism, strided inputs, declared limits
+// and the selector's fallback for what flash does not support.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "attend/attend.h"
+#include "attend/backends/flash.h"
+#include "attend/backends/reference.h"
+#include "support/tensors.h"
+
+namespace attend {
+namespace {
+
+// When a run forces an ISA this CPU lacks, every flash test skips (and says so).
+#define SKIP_IF_FORCED_ISA_UNAVAILABLE()                                              \
+  do {                                                                                \
+    const char* isa = std::getenv("ATTEND_ISA");                                      \
+    if (isa && *isa && !flash_isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa; \
+  } while (0)
+
+AttentionSpec spec(std::int64_t sq, std::int64_t sk, std::int64_t d) {
+  AttentionSpec s;
+  s.batch = 2;
+  s.seqlen_q = sq;
+  s.seqlen_kv = sk;
+  s.heads_q = 4;
+  s.heads_kv = 2;
+  s.head_dim_qk = s.head_dim_v = d;
+  return s;
+}
+
+TEST(FlashBehaviour, ActiveIsaFollowsAttendIsa) {
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
+  const char* forced = std::getenv("ATTEND_ISA");
+  if (forced && *forced) {
+    EXPECT_EQ(flash_active_isa(), forced);
+  } else {
+    EXPECT_TRUE(flash_active_isa() == "avx512" || flash_active_isa() == "avx2" || flash_active_isa() == "scalar");
+  }
+}
+
+TEST(FlashBehaviour, BackwardIsBitwiseReproducibleAcrossRuns) {
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
+  AttentionSpec s = spec(150, 190, 64);
+  s.causal = true;
+  s.dropout_p = 0.1;
+  const auto p = testing::make_problem(s, 3);
+  auto flash = make_flash_backend();
+  const auto first = testing::run_backend(*flash, p, true);
+  for (int run = 0; run < 20; ++run) {
+    const auto again = testing::run_backend(*flash, p, true);
+    ASSERT_TRUE(testing::bitwise_equal(first.out, again.out)) << "run " << run;
+    ASSERT_TRUE(testing::bitwise_equal(first.lse, again.lse)) << "run " << run;
+    ASSERT_TRUE(testing::bitwise_equal(first.dq, again.dq)) << "run " << run;
+    ASSERT_TRUE(testing::bitwise_equal(first.dk, again.dk)) << "run " << run;
+    ASSERT_TRUE(testing::bitwise_equal(first.dv, again.dv)) << "run " << run;
+  }
+}
+
+TEST(FlashBehaviour, DeterministicResultsAreIdenticalAcrossThreadCounts) {
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
+  AttentionSpec s = spec(130, 140, 48);
+  s.deterministic = true;
+  const auto p = testing::make_problem(s, 4);
+  auto flash = make_flash_backend();
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const auto one = testing::run_backend(*flash, p, true);
+  omp_set_num_threads(3);
+  const auto three = testing::run_backend(*flash, p, true);
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(testing::bitwise_equal(one.out, three.out));
+  EXPECT_TRUE(testing::bitwise_equal(one.dq, three.dq));
+  EXPECT_TRUE(testing::bitwise_equal(one.dk, three.dk));
+  EXPECT_TRUE(testing::bitwise_equal(one.dv, three.dv));
+}
+
+TEST(FlashBehaviour, StridedInputsGiveTheSameResultAsContiguous) {
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
+  const AttentionSpec s = spec(70, 90, 40);
+  const auto p = testing::make_problem(s, 5);
+  // q with padded rows: each (b, s, h) row sits in a 48-float slot.
+  Tensor padded = Tensor::zeros(DType::f32, {2, 70, 4, 48});
+  for (std::int64_t r = 0; r < 2 * 70 * 4; ++r) {
+    std::copy_n(p.q.as<float>() + r * 40, 40, padded.as<float>() + r * 48);
+  }
+  testing::Problem strided = p;
+  TensorView qv = padded.view();
+  qv.shape[3] = 40;
+  strided.inputs.q = qv;
+  auto flash = make_flash_backend();
+  const auto a = testing::run_backend(*flash, p, true);
+  strided.q = padded;  // keep alive; the view above is what is read
+  const auto b = testing::run_backend(*flash, strided, false);
+  EXPECT_TRUE(testing::bitwise_equal(a.out, b.out));
+}
+
+TEST(FlashBehaviour, CheckNamesEveryLimit) {
+  auto flash = make_flash_backend();
+  AttentionSpec s = spec(10, 10, 64);
+  s.dtype = DType::f64;
+  s.head_dim_qk = 320;
+  s.head_dim_v = 640;
+  const Support sup = flash->check(s, Pass::forward);
+  ASSERT_EQ(sup.reasons.size(), 3u) << sup.to_string();
+  EXPECT_EQ(sup.reasons[0].code, ReasonCode::dtype);
+  EXPECT_NE(sup.reasons[1].message.find("head_dim_qk=320"), std::string::npos);
+  EXPECT_NE(sup.reasons[2].message.find("head_dim_v=640"), std::string::npos);
+  AttentionSpec b = spec(10, 10, 64);
+  b.has_bias = b.bias_requires_grad = true;
+  EXPECT_TRUE(flash->check(b, Pass::forward).ok());
+  const Support bwd = flash->check(b, Pass::backward);
+  ASSERT_FALSE(bwd.ok());
+  EXPECT_EQ(bwd.reasons[0].code, ReasonCode::bias_grad);
+}
+
+TEST(FlashBehaviour, WorkspaceIsIndependentOfSequenceLength) {
+  auto flash = make_flash_backend();
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    EXPECT_EQ(flash->workspace_bytes(spec(128, 128, 128), pass), flash->workspace_bytes(spec(65536, 65536, 128), pass));
+  }
+}
+
+class FlashSelection : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Registry::global().reset_to_builtins();
+    set_policy(Policy{});
+  }
+};
+
+TEST_F(FlashSelection, FlashIsPreferredForF32AndReferenceForF64) {
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
+  EXPECT_EQ(select(spec(64, 64, 64), Mode::training).backend->name(), "flash");
+  AttentionSpec d = spec(64, 64, 64);
+  d.dtype = DType::f64;
+  const Selection sel = select(d, Mode::training);
+  EXPECT_EQ(sel.backend->name(), "reference");
+  EXPECT_NE(sel.explain().find("dtype=f64 is not computed by flash"), std::string::npos);
+}
+
+TEST_F(FlashSelection, TrainingWithBiasGradientFallsBackToReferenceWithReason) {
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
+  AttentionSpec s = spec(33, 47, 16);
+  s.has_bias = s.bias_requires_grad = true;
+  const Selection train = select(s, Mode::training);
+  EXPECT_EQ(train.backend->name(), "reference");
+  EXPECT_NE(train.explain().find("does not compute dbias"), std::string::npos) << train.explain();
+  EXPECT_EQ(select(s, Mode::inference).backend->name(), "flash");
+  // The fallback really trains: dbias comes back.
+  const auto p = testing::make_problem(s, 6);
+  auto fwd = forward(p.inputs, p.spec, Mode::training);
+  const Gradients g = backward(fwd.ctx, p.dout);
+  EXPECT_TRUE(g.dbias.defined());
+  EXPECT_GT(testing::max_abs(g.dbias), 0.0);
+}
+
+TEST_F(FlashSelection, MlaTrainingRunsOnFlashEndToEnd) {
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
+  AttentionSpec s = spec(100, 100, 192);
+  s.head_dim_v = 128;
+  s.causal = true;
+  const auto p = testing::make_problem(s, 7);
+  auto fwd = forward(p.inputs, p.spec, Mode::training);
+  EXPECT_EQ(fwd.ctx.backend().name(), "flash");
+  const Gradients g = backward(fwd.ctx, p.dout);
+  const auto ref = testing::run_backend(*make_reference_backend(), testing::problem_as_f64(p), true);
+  EXPECT_LT(testing::max_abs_diff(g.dq, ref.dq), 1e-4);
+  EXPECT_LT(testing::max_abs_diff(g.dk, ref.dk), 1e-4);
+  EXPECT_LT(testing::max_abs_diff(g.dv, ref.dv), 1e-4);
+}
+
+}  // namespace
+}  // namespace attend

@@ -1,0 +1,198 @@
+// flash (f32) against the f64 reference on odd shapes and every feature, forward
+// and all gradients, with FlashAttention's same-precision-baseline rule
+// (fa_semantics.md §3.3): err(flash) <= C * err(naive f32) + atol, where the
+// naive f32 computation is the reference backend accumulating in f32.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "attend/attend.h"
+#include "attend/backends/flash.h"
+#include "attend/backends/reference.h"
+#include "support/tensors.h"
+
+namespace attend {
+namespace {
+
+using testing::PassResults;
+
+struct FlashCase {
+  std::string name;
+  std::int64_t sq = 0, sk = 0, heads = 2, heads_kv = 2, dqk = 64, dv = 64;
+  bool causal = false;
+  std::int64_t wl = -1, wr = -1;
+  double softcap = 0;
+  bool alibi = false, bias = false;
+  double dropout = 0;
+  std::vector<std::int32_t> lens_q, lens_kv;  // varlen when non-empty
+  Layout layout = Layout::bshd;
+};
+
+std::ostream& operator<<(std::ostream& os, const FlashCase& c) { return os << c.name; }
+
+// max |x - ref| with NaN/inf agreement required.
+double error(const Tensor& x, const Tensor& ref) { return testing::max_abs_diff(x, ref); }
+
+// `magnitude` sets the absolute floor: a few f32 ulps at the scale of the
+// quantity. Gradients use the largest of the three gradients, because a gradient
+// that cancels to ~0 (e.g. dq with a single key) still carries the rounding of
+// the terms that cancelled, which the naive baseline may happen to avoid.
+void expect_within(const char* what, const Tensor& flash, const Tensor& naive, const Tensor& ref, double c,
+                   double magnitude) {
+  const double err = error(flash, ref), err_naive = error(naive, ref);
+  const double atol = 4 * 1.2e-7 * std::max(1.0, magnitude);
+  EXPECT_LE(err, c * err_naive + atol) << what << ": flash err " << err << ", naive f32 err " << err_naive
+                                       << ", atol " << atol;
+}
+
+class FlashVsReference : public ::testing::TestWithParam<FlashCase> {};
+
+TEST_P(FlashVsReference, ForwardAndGradientsWithinSamePrecisionBaseline) {
+  const FlashCase& c = GetParam();
+  AttentionSpec s;
+  s.seqlen_q = c.sq;
+  s.seqlen_kv = c.sk;
+  s.heads_q = c.heads;
+  s.heads_kv = c.heads_kv;
+  s.head_dim_qk = c.dqk;
+  s.head_dim_v = c.dv;
+  s.causal = c.causal;
+  s.window_left = c.wl;
+  s.window_right = c.wr;
+  s.softcap = c.softcap;
+  s.alibi = c.alibi;
+  s.has_bias = c.bias;
+  s.dropout_p = c.dropout;
+  s.dropout_seed = 1234;
+  s.layout = c.lens_q.empty() ? c.layout : Layout::thd;
+  const testing::Problem p32 = testing::make_problem(s, 42, c.lens_q, c.lens_kv);
+  const testing::Problem p64 = testing::problem_as_f64(p32);
+
+  const PassResults flash = testing::run_backend(*make_flash_backend(), p32, true);
+  const PassResults naive = testing::run_backend(*make_reference_backend({.accumulate_f64 = false}), p32, true);
+  const PassResults ref = testing::run_backend(*make_reference_backend(), p64, true);
+
+  expect_within("out", flash.out, naive.out, ref.out, 2, testing::max_abs(ref.out));
+  expect_within("lse", flash.lse, naive.lse, ref.lse, 2, testing::max_abs(ref.lse));
+  const double grads = std::max({testing::max_abs(ref.dq), testing::max_abs(ref.dk), testing::max_abs(ref.dv)});
+  expect_within("dq", flash.dq, naive.dq, ref.dq, 3, grads);
+  expect_within("dk", flash.dk, naive.dk, ref.dk, 3, grads);
+  expect_within("dv", flash.dv, naive.dv, ref.dv, 3, grads);
+}
+
+FlashCase make(std::string name, std::int64_t sq, std::int64_t sk, std::int64_t dqk, std::int64_t dv) {
+  FlashCase c;
+  c.name = std::move(name);
+  c.sq = sq;
+  c.sk = sk;
+  c.dqk = dqk;
+  c.dv = dv;
+  return c;
+}
+
+std::vector<FlashCase> cases() {
+  std::vector<FlashCase> v;
+  // Partial tiles in both dimensions and degenerate lengths.
+  v.push_back(make("plain_113x203_d64", 113, 203, 64, 64));
+  v.push_back(make("plain_1x239_d128", 1, 239, 128, 128));
+  v.push_back(make("plain_239x1_d128", 239, 1, 128, 128));
+  v.push_back(make("plain_512x256_d64", 512, 256, 64, 64));
+  // Head-dim pairs: MLA, 64/512, v smaller, odd sizes.
+  v.push_back(make("mla_192x128", 113, 203, 192, 128));
+  v.push_back(make("d64_v512", 97, 130, 64, 512));
+  v.push_back(make("d128_v64", 130, 97, 128, 64));
+  v.push_back(make("odd_59_111", 113, 203, 59, 111));
+  v.push_back(make("odd_111_59", 70, 33, 111, 59));
+  v.push_back(make("max_256_256", 65, 70, 256, 256));
+  // Masks (bottom-right causal with Sq<Sk and Sq>Sk; windows).
+  auto c = make("causal_113x203", 113, 203, 64, 64);
+  c.causal = true;
+  v.push_back(c);
+  c = make("causal_239x100_empty_rows", 239, 100, 64, 64);
+  c.causal = true;
+  v.push_back(c);
+  c = make("causal_1023x1024", 1023, 1024, 64, 64);
+  c.causal = true;
+  c.heads = c.heads_kv = 1;
+  v.push_back(c);
+  c = make("window_17_5", 150, 170, 64, 64);
+  c.wl = 17;
+  c.wr = 5;
+  v.push_back(c);
+  c = make("causal_window_40", 200, 180, 64, 32);
+  c.causal = true;
+  c.wl = 40;
+  v.push_back(c);
+  // Logit terms.
+  c = make("softcap_15", 113, 203, 64, 64);
+  c.softcap = 15;
+  v.push_back(c);
+  c = make("softcap_2_causal", 90, 120, 72, 40);
+  c.softcap = 2;
+  c.causal = true;
+  v.push_back(c);
+  c = make("alibi", 113, 203, 64, 64);
+  c.alibi = true;
+  v.push_back(c);
+  c = make("bias_no_grad", 113, 203, 64, 64);
+  c.bias = true;
+  v.push_back(c);
+  c = make("dropout_0.17", 113, 203, 64, 64);
+  c.dropout = 0.17;
+  v.push_back(c);
+  // GQA / MQA.
+  c = make("gqa_4_2", 113, 203, 64, 64);
+  c.heads = 4;
+  c.heads_kv = 2;
+  v.push_back(c);
+  c = make("mqa_4_1_causal", 77, 150, 64, 64);
+  c.heads = 4;
+  c.heads_kv = 1;
+  c.causal = true;
+  v.push_back(c);
+  // Varlen with an empty query sequence and an empty key sequence.
+  c = make("varlen_empty", 0, 0, 64, 48);
+  c.lens_q = {70, 0, 5, 33};
+  c.lens_kv = {90, 20, 0, 120};
+  v.push_back(c);
+  c = make("varlen_causal_gqa_dropout", 0, 0, 64, 64);
+  c.lens_q = {70, 3, 129};
+  c.lens_kv = {90, 64, 100};
+  c.causal = true;
+  c.heads = 4;
+  c.heads_kv = 2;
+  c.dropout = 0.1;
+  v.push_back(c);
+  // Layouts.
+  c = make("layout_bhsd", 65, 130, 64, 64);
+  c.layout = Layout::bhsd;
+  v.push_back(c);
+  c = make("layout_sbhd_causal", 65, 130, 64, 64);
+  c.layout = Layout::sbhd;
+  c.causal = true;
+  v.push_back(c);
+  // Everything at once.
+  c = make("combined", 100, 157, 96, 80);
+  c.causal = true;
+  c.wl = 64;
+  c.softcap = 10;
+  c.alibi = true;
+  c.bias = true;
+  c.dropout = 0.2;
+  c.heads = 4;
+  c.heads_kv = 2;
+  v.push_back(c);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashVsReference, ::testing::ValuesIn(cases()),
+                         [](const auto& param_info) {
+                           std::string n = param_info.param.name;
+                           for (char& ch : n) if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace attend

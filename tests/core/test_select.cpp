@@ -1,0 +1,271 @@
+// Selector behaviour: pass-aware capability checks, fallback, policy, cache,
+// explanations — proven with test backends whose support differs by pass.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "attend/attend.h"
+#include "attend/backends/reference.h"
+#include "core/fake_backends.h"
+#include "support/tensors.h"
+
+namespace attend {
+namespace {
+
+using testing::ForwardOnlyMismatchBackend;
+using testing::make_problem;
+using testing::max_abs_diff;
+
+AttentionSpec mla_spec(std::int64_t dqk, std::int64_t dv) {
+  AttentionSpec s;
+  s.batch = 1;
+  s.seqlen_q = 6;
+  s.seqlen_kv = 9;
+  s.heads_q = 2;
+  s.heads_kv = 1;
+  s.head_dim_qk = dqk;
+  s.head_dim_v = dv;
+  s.causal = true;
+  s.dtype = DType::f64;
+  return s;
+}
+
+class SelectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // A controlled registry: the reference backend plus the test backend.
+    Registry::global().reset_to_builtins();
+    Registry::global().unregister_backend("flash");
+    set_policy(Policy{});
+    fake = std::make_shared<ForwardOnlyMismatchBackend>();
+    register_backend(fake, 50);
+  }
+  void TearDown() override {
+    Registry::global().reset_to_builtins();
+    set_policy(Policy{});
+  }
+  std::shared_ptr<ForwardOnlyMismatchBackend> fake;
+};
+
+class MismatchedHeadDims : public SelectTest,
+                           public ::testing::WithParamInterface<std::pair<int, int>> {};
+
+TEST_P(MismatchedHeadDims, TrainingRejectsForwardOnlyBackendAndFallsBack) {
+  const auto [dqk, dv] = GetParam();
+  const Selection sel = select(mla_spec(dqk, dv), Mode::training);
+  EXPECT_EQ(sel.backend->name(), "reference");
+  ASSERT_EQ(sel.verdicts.size(), 2u);
+  const Verdict& v = sel.verdicts[0];
+  EXPECT_EQ(v.backend, "fa3_like");
+  EXPECT_TRUE(v.forward.ok());
+  ASSERT_TRUE(v.backward.has_value());
+  ASSERT_FALSE(v.backward->ok());
+  EXPECT_FALSE(v.viable);
+  // The explanation names the backend, the failing pass and the reason.
+  const std::string table = sel.explain();
+  EXPECT_NE(table.find("fa3_like"), std::string::npos);
+  EXPECT_NE(table.find("backward: "), std::string::npos);
+  EXPECT_NE(table.find(v.backward->reasons[0].message), std::string::npos);
+  EXPECT_NE(table.find("selected: reference"), std::string::npos);
+}
+
+TEST_P(MismatchedHeadDims, TrainingStepCompletesThroughFallbackAndMatchesReference) {
+  const auto [dqk, dv] = GetParam();
+  auto p = make_problem(mla_spec(dqk, dv), 7);
+  auto fwd = forward(p.inputs, p.spec, Mode::training);
+  EXPECT_EQ(fwd.ctx.backend().name(), "reference");
+  const Gradients g = backward(fwd.ctx, p.dout);
+  EXPECT_EQ(fake->counts->forwards.load(), 0);
+  EXPECT_EQ(fake->counts->backwards.load(), 0);
+
+  // Same numbers as calling the reference backend directly.
+  auto ref = make_reference_backend();
+  Tensor out = Tensor::zeros_like(fwd.out), lse = Tensor::zeros_like(fwd.lse);
+  ref->forward(ForwardArgs{p.spec, p.inputs, out, lse});
+  Tensor dq = Tensor::zeros_like(p.q), dk = Tensor::zeros_like(p.k), dv_ = Tensor::zeros_like(p.v);
+  ref->backward(BackwardArgs{p.spec, p.inputs, out, lse, p.dout, dq, dk, dv_, {}});
+  EXPECT_EQ(max_abs_diff(fwd.out, out), 0.0);
+  EXPECT_EQ(max_abs_diff(g.dq, dq), 0.0);
+  EXPECT_EQ(max_abs_diff(g.dk, dk), 0.0);
+  EXPECT_EQ(max_abs_diff(g.dv, dv_), 0.0);
+}
+
+TEST_P(MismatchedHeadDims, InferenceKeepsForwardOnlyBackend) {
+  const auto [dqk, dv] = GetParam();
+  const Selection sel = select(mla_spec(dqk, dv), Mode::inference);
+  EXPECT_EQ(sel.backend->name(), "fa3_like");
+  EXPECT_FALSE(sel.verdicts[0].backward.has_value());  // inference never asks for backward
+  auto p = make_problem(mla_spec(dqk, dv), 11);
+  auto fwd = forward(p.inputs, p.spec, Mode::inference);
+  EXPECT_EQ(fake->counts->forwards.load(), 1);
+  EXPECT_EQ(fwd.ctx.backend().name(), "fa3_like");
+}
+
+TEST_P(MismatchedHeadDims, ForcingTheUnfitBackendFailsEarlyWithItsReasons) {
+  const auto [dqk, dv] = GetParam();
+  Policy forced;
+  forced.force = "fa3_like";
+  auto p = make_problem(mla_spec(dqk, dv), 3);
+  try {
+    (void)forward(p.inputs, p.spec, Mode::training, &forced);
+    FAIL() << "expected attend::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    EXPECT_EQ(e.field(), "ATTEND_BACKEND");
+    EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(fake->counts->forwards.load(), 0);  // failed before any kernel ran
+}
+
+INSTANTIATE_TEST_SUITE_P(Mla, MismatchedHeadDims,
+                         ::testing::Values(std::pair{192, 128}, std::pair{64, 512}),
+                         [](const auto& param_info) {
+                           return "qk" + std::to_string(param_info.param.first) + "_v" + std::to_string(param_info.param.second);
+                         });
+
+TEST_F(SelectTest, SquareHeadDimsTrainingPrefersHigherPriorityBackend) {
+  EXPECT_EQ(select(mla_spec(64, 64), Mode::training).backend->name(), "fa3_like");
+}
+
+TEST_F(SelectTest, KernelRefusesUnsupportedPassWhenCalledDirectly) {
+  auto p = make_problem(mla_spec(192, 128), 5);
+  Tensor out = testing::token_tensor(p.spec, 6, 0, 2, 128, DType::f64);
+  Tensor lse = Tensor::zeros(DType::f64, {1, 2, 6});
+  fake->forward(ForwardArgs{p.spec, p.inputs, out, lse});
+  Tensor dq = Tensor::zeros_like(p.q), dk = Tensor::zeros_like(p.k), dv = Tensor::zeros_like(p.v);
+  EXPECT_THROW(fake->backward(BackwardArgs{p.spec, p.inputs, out, lse, p.dout, dq, dk, dv, {}}), Error);
+  EXPECT_EQ(fake->counts->backwards.load(), 0);
+}
+
+TEST_F(SelectTest, BackwardRunsOnForwardsBackendEvenAfterPolicyChange) {
+  auto p = make_problem(mla_spec(32, 32), 9);
+  auto fwd = forward(p.inputs, p.spec, Mode::training);
+  ASSERT_EQ(fwd.ctx.backend().name(), "fa3_like");
+  Policy disable;
+  disable.disabled = {"fa3_like"};
+  set_policy(disable);
+  (void)backward(fwd.ctx, p.dout);
+  EXPECT_EQ(fake->counts->backwards.load(), 1);
+}
+
+TEST_F(SelectTest, DisabledBackendIsSkippedWithVerdict) {
+  Policy pol;
+  pol.disabled = {"fa3_like"};
+  const Selection sel = select(mla_spec(192, 128), Mode::inference, pol);
+  EXPECT_EQ(sel.backend->name(), "reference");
+  EXPECT_TRUE(sel.verdicts[0].disabled);
+  EXPECT_NE(sel.explain().find("disabled by policy"), std::string::npos);
+}
+
+TEST_F(SelectTest, ForcedBackendWinsOverPriority) {
+  Policy pol;
+  pol.force = "reference";
+  const Selection sel = select(mla_spec(192, 128), Mode::inference, pol);
+  EXPECT_EQ(sel.backend->name(), "reference");
+  EXPECT_TRUE(sel.verdicts[0].not_forced);
+}
+
+TEST_F(SelectTest, UnknownBackendNamesInPolicyAreErrors) {
+  Policy force;
+  force.force = "nosuch";
+  EXPECT_THROW((void)select(mla_spec(64, 64), Mode::inference, force), Error);
+  Policy disable;
+  disable.disabled = {"nosuch"};
+  EXPECT_THROW((void)select(mla_spec(64, 64), Mode::inference, disable), Error);
+}
+
+TEST_F(SelectTest, NothingFitsErrorContainsWholeTable) {
+  AttentionSpec s = mla_spec(64, 64);
+  s.dtype = DType::bf16;  // no backend computes bf16 yet
+  try {
+    (void)select(s, Mode::training);
+    FAIL() << "expected attend::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("fa3_like"), std::string::npos) << what;
+    EXPECT_NE(what.find("reference"), std::string::npos) << what;
+    EXPECT_NE(what.find("bf16"), std::string::npos) << what;
+    EXPECT_NE(what.find("[dtype]"), std::string::npos) << what;
+  }
+}
+
+TEST_F(SelectTest, SelectionsAreCachedPerSpecAndMode) {
+  const AttentionSpec s = mla_spec(64, 64);
+  (void)select(s, Mode::training);
+  const int after_first = fake->counts->checks.load();
+  EXPECT_EQ(after_first, 2);  // forward + backward
+  (void)select(s, Mode::training);
+  EXPECT_EQ(fake->counts->checks.load(), after_first);  // cache hit: no new checks
+  (void)select(s, Mode::inference);  // another mode is another entry
+  EXPECT_EQ(fake->counts->checks.load(), after_first + 1);
+  AttentionSpec other = s;
+  other.seqlen_kv += 1;
+  (void)select(other, Mode::training);
+  EXPECT_EQ(fake->counts->checks.load(), after_first + 3);
+}
+
+TEST_F(SelectTest, PolicyAndRegistryChangesInvalidateCache) {
+  const AttentionSpec s = mla_spec(64, 64);
+  EXPECT_EQ(select(s, Mode::training).backend->name(), "fa3_like");
+  Policy pol;
+  pol.disabled = {"fa3_like"};
+  set_policy(pol);
+  EXPECT_EQ(select(s, Mode::training).backend->name(), "reference");
+  set_policy(Policy{});
+  EXPECT_EQ(select(s, Mode::training).backend->name(), "fa3_like");
+  // A new, higher-priority backend is seen at once.
+  auto better = std::make_shared<ForwardOnlyMismatchBackend>("better");
+  register_backend(better, 90);
+  EXPECT_EQ(select(s, Mode::training).backend->name(), "better");
+  ASSERT_TRUE(Registry::global().unregister_backend("better"));
+  EXPECT_EQ(select(s, Mode::training).backend->name(), "fa3_like");
+  const int before = fake->counts->checks.load();
+  clear_selection_cache();
+  (void)select(s, Mode::training);
+  EXPECT_GT(fake->counts->checks.load(), before);
+}
+
+TEST_F(SelectTest, JsonListsEveryBackendWithReasons) {
+  const std::string json = select(mla_spec(192, 128), Mode::training).to_json();
+  EXPECT_NE(json.find("\"selected\": \"reference\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"name\": \"fa3_like\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"code\": \"head_dim_mismatch\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"mode\": \"training\""), std::string::npos) << json;
+}
+
+TEST_F(SelectTest, InfoLogPrintsEachDistinctSelectionOnce) {
+  Policy pol;
+  pol.log = LogLevel::info;
+  ::testing::internal::CaptureStderr();
+  (void)select(mla_spec(192, 128), Mode::training, pol);
+  (void)select(mla_spec(192, 128), Mode::training, pol);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  std::size_t count = 0;
+  for (std::size_t pos = err.find("new selection"); pos != std::string::npos; pos = err.find("new selection", pos + 1)) ++count;
+  EXPECT_EQ(count, 1u) << err;
+  EXPECT_NE(err.find("selected: reference"), std::string::npos);
+}
+
+TEST_F(SelectTest, PolicyReadsEnvironment) {
+  ::setenv("ATTEND_BACKEND", "reference", 1);
+  ::setenv("ATTEND_DISABLE", "fa3_like, other", 1);
+  ::setenv("ATTEND_LOG", "debug", 1);
+  const Policy p = Policy::from_env();
+  ::setenv("ATTEND_LOG", "loud", 1);
+  EXPECT_THROW((void)Policy::from_env(), Error);
+  ::unsetenv("ATTEND_BACKEND");
+  ::unsetenv("ATTEND_DISABLE");
+  ::unsetenv("ATTEND_LOG");
+  ASSERT_TRUE(p.force.has_value());
+  EXPECT_EQ(*p.force, "reference");
+  EXPECT_EQ(p.disabled, (std::vector<std::string>{"fa3_like", "other"}));
+  EXPECT_EQ(p.log, LogLevel::debug);
+}
+
+TEST_F(SelectTest, RegistryRejectsNullBackend) {
+  EXPECT_THROW(register_backend(nullptr, 1), Error);
+}
+
+}  // namespace
+}  // namespace attend

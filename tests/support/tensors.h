@@ -1,0 +1,178 @@
+// Test helpers: random problem tensors for a spec, in its layout.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "attend/attend.h"
+
+namespace attend::testing {
+
+inline Tensor token_tensor(const AttentionSpec& s, std::int64_t rows, std::int64_t total,
+                           std::int64_t heads, std::int64_t dim, DType dtype) {
+  switch (s.layout) {
+    case Layout::bshd: return Tensor::zeros(dtype, {s.batch, rows, heads, dim});
+    case Layout::bhsd: return Tensor::zeros(dtype, {s.batch, heads, rows, dim});
+    case Layout::sbhd: return Tensor::zeros(dtype, {rows, s.batch, heads, dim});
+    case Layout::thd: return Tensor::zeros(dtype, {total, heads, dim});
+  }
+  return {};
+}
+
+inline void fill_normal(const Tensor& t, std::uint64_t seed, double stddev = 1.0) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> dist(0.0, stddev);
+  const std::int64_t n = t.numel();
+  if (t.view().dtype == DType::f64) {
+    for (std::int64_t i = 0; i < n; ++i) t.as<double>()[i] = dist(rng);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) t.as<float>()[i] = static_cast<float>(dist(rng));
+  }
+}
+
+// Owns every tensor of a random problem; `inputs` views them.
+struct Problem {
+  AttentionSpec spec;
+  Tensor q, k, v, dout, bias, slopes, cu_q, cu_kv;
+  Inputs inputs;
+};
+
+// Random q, k, v, dout (and bias/slopes when the spec asks). For varlen pass
+// per-sequence lengths; spec.batch/seqlen/total fields are filled in from them.
+inline Problem make_problem(AttentionSpec s, std::uint64_t seed, std::vector<std::int32_t> lens_q = {},
+                            std::vector<std::int32_t> lens_kv = {}) {
+  Problem p;
+  if (s.varlen()) {
+    s.batch = static_cast<std::int64_t>(lens_q.size());
+    p.cu_q = Tensor::zeros(DType::i32, {s.batch + 1});
+    p.cu_kv = Tensor::zeros(DType::i32, {s.batch + 1});
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      p.cu_q.as<std::int32_t>()[b + 1] = p.cu_q.as<std::int32_t>()[b] + lens_q[b];
+      p.cu_kv.as<std::int32_t>()[b + 1] = p.cu_kv.as<std::int32_t>()[b] + lens_kv[b];
+    }
+    s.total_q = p.cu_q.as<std::int32_t>()[s.batch];
+    s.total_kv = p.cu_kv.as<std::int32_t>()[s.batch];
+    s.seqlen_q = *std::max_element(lens_q.begin(), lens_q.end());
+    s.seqlen_kv = *std::max_element(lens_kv.begin(), lens_kv.end());
+    p.inputs.cu_seqlens_q = p.cu_q;
+    p.inputs.cu_seqlens_kv = p.cu_kv;
+  }
+  p.q = token_tensor(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk, s.dtype);
+  p.k = token_tensor(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_qk, s.dtype);
+  p.v = token_tensor(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_v, s.dtype);
+  p.dout = token_tensor(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_v, s.dtype);
+  fill_normal(p.q, seed);
+  fill_normal(p.k, seed + 1);
+  fill_normal(p.v, seed + 2);
+  fill_normal(p.dout, seed + 3);
+  p.inputs.q = p.q;
+  p.inputs.k = p.k;
+  p.inputs.v = p.v;
+  if (s.has_bias) {
+    p.bias = Tensor::zeros(s.dtype, {s.batch, s.heads_q, s.seqlen_q, s.seqlen_kv});
+    fill_normal(p.bias, seed + 4, 0.5);
+    p.inputs.bias = p.bias;
+  }
+  if (s.alibi) {
+    p.slopes = Tensor::zeros(DType::f32, {s.heads_q});
+    for (std::int64_t h = 0; h < s.heads_q; ++h) {
+      p.slopes.as<float>()[h] = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(s.heads_q));
+    }
+    p.inputs.alibi_slopes = p.slopes;
+  }
+  p.spec = s;
+  return p;
+}
+
+// max |a - b| over two tensors of the same shape and dtype (f32 or f64).
+inline double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double m = 0;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.view().dtype == DType::f64 ? a.as<double>()[i] : a.as<float>()[i];
+    const double y = b.view().dtype == DType::f64 ? b.as<double>()[i] : b.as<float>()[i];
+    if (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0)) continue;
+    m = std::max(m, std::abs(x - y));
+    if (std::isnan(x) != std::isnan(y)) return INFINITY;
+  }
+  return m;
+}
+
+}  // namespace attend::testing
+
+namespace attend::testing {
+
+// A copy of `t` converted to f64 (i32 and f64 tensors are copied as they are).
+inline Tensor to_f64(const Tensor& t) {
+  if (!t.defined() || t.view().dtype != DType::f32) {
+    if (!t.defined()) return t;
+    Tensor c = Tensor::zeros_like(t.view());
+    std::copy_n(static_cast<const std::byte*>(t.data()), t.numel() * static_cast<std::int64_t>(size_of(t.view().dtype)),
+                static_cast<std::byte*>(c.data()));
+    return c;
+  }
+  TensorView v = t.view();
+  v.dtype = DType::f64;
+  Tensor c = Tensor::zeros_like(v);
+  for (std::int64_t i = 0; i < t.numel(); ++i) c.as<double>()[i] = t.as<float>()[i];
+  return c;
+}
+
+// The same problem in f64 (ALiBi slopes stay f32, as the API requires).
+inline Problem problem_as_f64(const Problem& p) {
+  Problem d;
+  d.spec = p.spec;
+  d.spec.dtype = DType::f64;
+  d.q = to_f64(p.q);
+  d.k = to_f64(p.k);
+  d.v = to_f64(p.v);
+  d.dout = to_f64(p.dout);
+  d.bias = to_f64(p.bias);
+  d.slopes = p.slopes;
+  d.cu_q = p.cu_q;
+  d.cu_kv = p.cu_kv;
+  d.inputs = {d.q, d.k, d.v, d.bias, d.slopes, d.cu_q, d.cu_kv};
+  return d;
+}
+
+// Forward (and backward) outputs of one backend on one problem.
+struct PassResults {
+  Tensor out, lse, dq, dk, dv, dbias;
+};
+
+inline PassResults run_backend(const Backend& backend, const Problem& p, bool with_backward) {
+  const AttentionSpec& s = p.spec;
+  PassResults r;
+  r.out = token_tensor(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_v, s.dtype);
+  const DType lse_t = s.dtype == DType::f64 ? DType::f64 : DType::f32;
+  r.lse = s.varlen() ? Tensor::zeros(lse_t, {s.heads_q, s.total_q}) : Tensor::zeros(lse_t, {s.batch, s.heads_q, s.seqlen_q});
+  backend.forward(ForwardArgs{s, p.inputs, r.out, r.lse});
+  if (with_backward) {
+    r.dq = Tensor::zeros_like(p.q);
+    r.dk = Tensor::zeros_like(p.k);
+    r.dv = Tensor::zeros_like(p.v);
+    if (s.bias_requires_grad) r.dbias = Tensor::zeros_like(p.bias);
+    backend.backward(BackwardArgs{s, p.inputs, r.out, r.lse, p.dout, r.dq, r.dk, r.dv, r.dbias});
+  }
+  return r;
+}
+
+inline double max_abs(const Tensor& t) {
+  double m = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    const double x = t.view().dtype == DType::f64 ? t.as<double>()[i] : t.as<float>()[i];
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  }
+  return m;
+}
+
+inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() &&
+         std::equal(static_cast<const std::byte*>(a.data()),
+                    static_cast<const std::byte*>(a.data()) + a.numel() * static_cast<std::int64_t>(size_of(a.view().dtype)),
+                    static_cast<const std::byte*>(b.data()));
+}
+
+}  // namespace attend::testing
