@@ -1,8 +1,13 @@
 // Flash backward for one (batch, kv head): for each key block, sweep every
 // query block of every query head in the GQA group, recompute P from the saved
-// LSE, and accumulate dK/dV in the tile and dQ in the output. One task owns all
+// LSE, accumulate dK/dV in the tile and dQ in the output. One task owns all
 // writes to its dK/dV rows and its group's dQ rows, so the result is bitwise
-// identical for any thread count, without atomics or extra buffers.
+// identical for any thread count, with no atomics and no O(seqlen) buffers.
+//
+// K^T and V^T are packed once per key block (with the softmax scale folded into
+// K^T); Q, dO, K and dQ are used in place whenever their head dim is a multiple
+// of the vector width, and the transposed products (P'^T dO, dS^T Q) read the
+// tiles transposed through the GEMM's strided A operand — no tile is copied.
 // Included inside an ISA namespace.
 #pragma once
 
@@ -16,57 +21,60 @@
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
-// dst[c x r] = src[r x c]^T, ld in floats.
-inline void transpose(const float* src, std::int64_t rows, std::int64_t cols, std::int64_t lds, float* dst,
-                      std::int64_t ldd) {
+// `rows` rows of `cols` floats (stride ld) copied into a zero-padded [rows x ldp] block.
+inline const float* padded_rows(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols,
+                                std::int64_t ldp, float* dst) {
   for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = src[r * lds + c];
+    std::copy(src + r * ld, src + r * ld + cols, dst + r * ldp);
+    std::fill(dst + r * ldp + cols, dst + (r + 1) * ldp, 0.0f);
   }
+  return dst;
 }
 
 template <class S>
 void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float* scratch) {
   using Tr = KernelTraits<S>;
-  constexpr std::int64_t BM = Tr::block_m, BN = Tr::block_n;
+  using V = typename S::V;
+  constexpr std::int64_t BM = Tr::bwd_m, BN = Tr::bwd_n;
   constexpr int MR = Tr::mr, NV = Tr::nv;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const detail::SeqSpan span = p.span(b);
   const std::int64_t dqk = p.dqk, dv = p.dv, dqp = round_up(dqk, S::W), dvp = round_up(dv, S::W);
+  const bool qk_in_place = dqk == dqp, v_in_place = dv == dvp;
 
-  float* kt = scratch;            // dqk x BN   K^T, for S = Q K^T
-  float* ks = kt + dqk * BN;      // BN x dqp   K,   for dQ = dS K
-  float* vt = ks + BN * dqp;      // dv x BN    V^T, for dP = dO V^T
-  float* dk_acc = vt + dv * BN;   // BN x dqp
-  float* dv_acc = dk_acc + BN * dqp;  // BN x dvp
-  float* qs = dv_acc + BN * dvp;  // BM x dqp   scale * Q
-  float* dos = qs + BM * dqp;     // BM x dvp   dO
-  float* pt = dos + BM * dvp;     // BM x BN    P (then dS)
-  float* dpt = pt + BM * BN;      // BM x BN    dP (then tanh for softcap)
-  float* tr = dpt + BM * BN;      // BN x BM    transposed P' or dS
-  float* dq_tile = tr + BN * BM;  // BM x dqp
-  float* dsum = dq_tile + BM * dqp;  // BM  D_i = dO_i . O_i
-  float* lse = dsum + BM;         // BM
-  float* tanh_buf = nullptr;      // softcap keeps tanh in dpt's sibling: see below
+  float* kt = scratch;                 // dqk x BN   scale * K^T, for S = Q K^T
+  float* vt = kt + dqk * BN;           // dv x BN    V^T, for dP = dO V^T
+  float* kpad = vt + dv * BN;          // BN x dqp   K rows, when dqk needs padding
+  float* dk_acc = kpad + BN * dqp;     // BN x dqp
+  float* dv_acc = dk_acc + BN * dqp;   // BN x dvp
+  float* qpad = dv_acc + BN * dvp;     // BM x dqp   Q rows, when dqk needs padding
+  float* dopad = qpad + BM * dqp;      // BM x dvp   dO rows, when dv needs padding
+  float* pt = dopad + BM * dvp;        // BM x BN    P, then P'
+  float* ds = pt + BM * BN;            // BM x BN    dP, then scale * dS
+  float* th = ds + BM * BN;            // BM x BN    tanh (softcap only)
+  float* dq_tile = th + BM * BN;       // BM x dqp   when dQ cannot accumulate in place
+  float* dsum = dq_tile + BM * dqp;    // BM         D_i = dO_i . O_i
+  float* lse = dsum + BM;              // BM
 
   for (std::int64_t g = 0; g < p.group; ++g) {  // this task owns these dQ rows
-    const std::int64_t h = hk * p.group + g;
     for (std::int64_t i = 0; i < span.q_len; ++i) {
-      float* dst = p.dq + p.sdq.offset(b, span.q_begin + i, h);
+      float* dst = p.dq + p.sdq.offset(b, span.q_begin + i, hk * p.group + g);
       std::fill(dst, dst + dqk, 0.0f);
     }
   }
 
   for (std::int64_t j0 = 0; j0 < span.kv_len; j0 += BN) {
     const std::int64_t n = std::min(BN, span.kv_len - j0), n_pad = round_up(n, S::W);
+    const float* kblk = p.k + p.sk.offset(b, span.kv_begin + j0, hk);
+    const float* vblk = p.v + p.sv.offset(b, span.kv_begin + j0, hk);
     for (std::int64_t j = 0; j < n_pad; ++j) {
-      const bool real = j < n;
-      const float* ksrc = real ? p.k + p.sk.offset(b, span.kv_begin + j0 + j, hk) : nullptr;
-      const float* vsrc = real ? p.v + p.sv.offset(b, span.kv_begin + j0 + j, hk) : nullptr;
-      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = real ? ksrc[d] : 0.0f;
-      for (std::int64_t d = 0; d < dqp; ++d) ks[j * dqp + d] = real && d < dqk ? ksrc[d] : 0.0f;
-      for (std::int64_t d = 0; d < dv; ++d) vt[d * BN + j] = real ? vsrc[d] : 0.0f;
+      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = j < n ? kblk[j * p.sk.s + d] * p.scale : 0.0f;
+      for (std::int64_t d = 0; d < dv; ++d) vt[d * BN + j] = j < n ? vblk[j * p.sv.s + d] : 0.0f;
     }
-    std::fill(dk_acc, dk_acc + BN * dqp, 0.0f);
-    std::fill(dv_acc, dv_acc + BN * dvp, 0.0f);
+    const float* k_rows = qk_in_place ? kblk : padded_rows(kblk, p.sk.s, n, dqk, dqp, kpad);
+    const std::int64_t ldk = qk_in_place ? p.sk.s : dqp;
+    std::fill(dk_acc, dk_acc + n * dqp, 0.0f);
+    std::fill(dv_acc, dv_acc + n * dvp, 0.0f);
 
     for (std::int64_t g = 0; g < p.group; ++g) {
       const std::int64_t h = hk * p.group + g;
@@ -76,72 +84,64 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
         if (first.begin >= j0 + n || last.end <= j0 || last.end <= first.begin) continue;
 
+        const std::int64_t row0 = span.q_begin + i0;
+        const float* qblk = p.q + p.sq.offset(b, row0, h);
+        const float* doblk = p.dout + p.sdo.offset(b, row0, h);
         for (std::int64_t r = 0; r < m; ++r) {
-          const std::int64_t row = span.q_begin + i0 + r;
-          const float* qsrc = p.q + p.sq.offset(b, row, h);
-          const float* dosrc = p.dout + p.sdo.offset(b, row, h);
-          const float* osrc = p.out + p.so.offset(b, row, h);
-          float dot = 0.0f;
-          for (std::int64_t d = 0; d < dv; ++d) dot += dosrc[d] * osrc[d];
-          dsum[r] = dot;
-          lse[r] = p.lse[p.slse.offset(b, row, h)];
-          for (std::int64_t d = 0; d < dqp; ++d) qs[r * dqp + d] = d < dqk ? qsrc[d] * p.scale : 0.0f;
-          for (std::int64_t d = 0; d < dvp; ++d) dos[r * dvp + d] = d < dv ? dosrc[d] : 0.0f;
+          dsum[r] = dot<S>(doblk + r * p.sdo.s, p.out + p.so.offset(b, row0 + r, h), dv);
+          lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         }
 
         // Recompute logits exactly as the forward did, then P = exp(s - LSE).
-        gemm<S, MR, NV>(m, n_pad, dqk, qs, dqp, kt, BN, pt, BN, false);
-        const TileCoords t{b, h, i0, m, j0, n, n_pad, span};
-        tanh_buf = p.softcap > 0 ? tr : nullptr;  // tr is free until the transposes below
-        finish_logits<S>(p, t, pt, BN, tanh_buf);
+        gemm<S, MR, NV>(m, n_pad, dqk, MatA{qblk, p.sq.s, 1}, kt, BN, pt, BN, false);
+        const Tile tile{b, h, i0, m, j0, n, span, pt, BN, false, m, n_pad};
+        finish_logits<S>(p, tile, p.softcap > 0 ? th : nullptr);
         for (std::int64_t r = 0; r < m; ++r) {
           float* row = pt + r * BN;
-          if (lse[r] == -std::numeric_limits<float>::infinity()) {
-            std::fill(row, row + n_pad, 0.0f);  // empty row: no gradient
+          if (lse[r] == kNegInf) {  // empty row: contributes no gradient
+            std::fill(row, row + n_pad, 0.0f);
             continue;
           }
-          const typename S::V vl = S::set1(lse[r]);
+          const V vl = S::set1(lse[r]);
           for (std::int64_t j = 0; j < n_pad; j += S::W) S::store(row + j, S::exp(S::sub(S::load(row + j), vl)));
         }
 
-        // dP' = dO V^T; dS = P * (dP' * keep/(1-p) - D)  [* (1 - tanh^2) under softcap]
-        gemm<S, MR, NV>(m, n_pad, dv, dos, dvp, vt, BN, dpt, BN, false);
-        if (p.dropout) apply_dropout(p, t, dpt, BN);
+        // dP = (dO V^T) * keep/(1-p);  scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
+        gemm<S, MR, NV>(m, n_pad, dv, MatA{doblk, p.sdo.s, 1}, vt, BN, ds, BN, false);
+        const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, n_pad};
+        if (p.dropout) apply_dropout(p, dtile);
+        const V vscale = S::set1(p.scale);
         for (std::int64_t r = 0; r < m; ++r) {
-          const typename S::V vd = S::set1(dsum[r]);
-          float* prow = pt + r * BN;
-          float* dprow = dpt + r * BN;
+          const V vd = S::set1(dsum[r]);
           for (std::int64_t j = 0; j < n_pad; j += S::W) {
-            typename S::V ds = S::mul(S::load(prow + j), S::sub(S::load(dprow + j), vd));
-            if (tanh_buf) {
-              const typename S::V th = S::load(tanh_buf + r * BN + j);
-              ds = S::mul(ds, S::sub(S::set1(1.0f), S::mul(th, th)));
-            }
-            S::store(dprow + j, ds);  // dpt now holds dS
+            const std::int64_t o = r * BN + j;
+            V g_s = S::mul(S::load(pt + o), S::sub(S::load(ds + o), vd));
+            if (p.softcap > 0) g_s = S::mul(g_s, S::sub(S::set1(1.0f), S::mul(S::load(th + o), S::load(th + o))));
+            S::store(ds + o, S::mul(g_s, vscale));
           }
         }
+        if (p.dropout) apply_dropout(p, tile);  // P -> P' for dV
 
-        // dV += P'^T dO  (P' = P with dropout applied)
-        if (p.dropout) apply_dropout(p, t, pt, BN);
-        transpose(pt, m, n, BN, tr, BM);
-        gemm<S, MR, NV>(n, dvp, m, tr, BM, dos, dvp, dv_acc, dvp, true);
-
-        // dK += dS^T (scale Q);  dQ += scale * dS K
-        transpose(dpt, m, n, BN, tr, BM);
-        gemm<S, MR, NV>(n, dqp, m, tr, BM, qs, dqp, dk_acc, dqp, true);
-        gemm<S, MR, NV>(m, dqp, n_pad, dpt, BN, ks, dqp, dq_tile, dqp, false);
-        for (std::int64_t r = 0; r < m; ++r) {
-          float* dst = p.dq + p.sdq.offset(b, span.q_begin + i0 + r, h);
-          for (std::int64_t d = 0; d < dqk; ++d) dst[d] += p.scale * dq_tile[r * dqp + d];
+        // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ += (scale dS) K
+        const float* do_rows = v_in_place ? doblk : padded_rows(doblk, p.sdo.s, m, dv, dvp, dopad);
+        gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, do_rows, v_in_place ? p.sdo.s : dvp, dv_acc, dvp, true);
+        const float* q_rows = qk_in_place ? qblk : padded_rows(qblk, p.sq.s, m, dqk, dqp, qpad);
+        gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, q_rows, qk_in_place ? p.sq.s : dqp, dk_acc, dqp, true);
+        float* dqblk = p.dq + p.sdq.offset(b, row0, h);
+        if (qk_in_place) {
+          gemm<S, MR, NV>(m, dqk, n, MatA{ds, BN, 1}, k_rows, ldk, dqblk, p.sdq.s, true);
+        } else {
+          gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, k_rows, ldk, dq_tile, dqp, false);
+          for (std::int64_t r = 0; r < m; ++r) {
+            for (std::int64_t d = 0; d < dqk; ++d) dqblk[r * p.sdq.s + d] += dq_tile[r * dqp + d];
+          }
         }
       }
     }
 
     for (std::int64_t j = 0; j < n; ++j) {
-      float* dkd = p.dk + p.sdk.offset(b, span.kv_begin + j0 + j, hk);
-      float* dvd = p.dv_out + p.sdv.offset(b, span.kv_begin + j0 + j, hk);
-      std::copy(dk_acc + j * dqp, dk_acc + j * dqp + dqk, dkd);
-      std::copy(dv_acc + j * dvp, dv_acc + j * dvp + dv, dvd);
+      std::copy(dk_acc + j * dqp, dk_acc + j * dqp + dqk, p.dk + p.sdk.offset(b, span.kv_begin + j0 + j, hk));
+      std::copy(dv_acc + j * dvp, dv_acc + j * dvp + dv, p.dv_out + p.sdv.offset(b, span.kv_begin + j0 + j, hk));
     }
   }
 }

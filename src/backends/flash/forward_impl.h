@@ -1,5 +1,11 @@
 // Flash forward for one (batch, query head, query block): online softmax over
-// key blocks, never materialising more than a block_m x block_n score tile.
+// key blocks, never holding more than a block of scores.
+//
+// The score tile is computed transposed, S^T = K Q^T (keys x queries): K rows are
+// read in place from the user's tensor, Q^T is packed once per task, so no key
+// block is ever copied, and the softmax's per-query max and sum become
+// element-wise vector operations across key rows. V is read in place too when
+// head_dim_v is a multiple of the vector width.
 // Included inside an ISA namespace.
 #pragma once
 
@@ -16,24 +22,26 @@ namespace attend::flash::ATTEND_FLASH_ISA {
 template <class S>
 void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) {
   using Tr = KernelTraits<S>;
-  constexpr std::int64_t BM = Tr::block_m, BN = Tr::block_n;
+  using V = typename S::V;
+  constexpr std::int64_t BM = Tr::fwd_m, BN = Tr::fwd_n;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const detail::SeqSpan span = p.span(b);
   const std::int64_t i0 = qb * BM, m = std::min(BM, span.q_len - i0);
   if (m <= 0) return;
-  const std::int64_t hk = h / p.group, dqk = p.dqk, dv = p.dv, dvp = round_up(dv, S::W);
+  const std::int64_t mp = round_up(m, S::W), hk = h / p.group, dqk = p.dqk, dv = p.dv, dvp = round_up(dv, S::W);
+  const bool v_in_place = dv == dvp;
 
-  float* qs = scratch;               // BM x dqk, pre-scaled
-  float* kt = qs + BM * dqk;         // dqk x BN (K transposed)
-  float* vs = kt + dqk * BN;         // BN x dvp
-  float* st = vs + BN * dvp;         // BM x BN scores, then probabilities
-  float* acc = st + BM * BN;         // BM x dvp output accumulator
-  float* row_max = acc + BM * dvp;   // BM
-  float* row_sum = row_max + BM;     // BM
+  float* qt = scratch;                 // dqk x BM: scale * Q^T, zero-padded columns
+  float* vpad = qt + dqk * BM;         // BN x dvp: V block, only when dv needs padding
+  float* st = vpad + BN * dvp;         // BN x BM: S^T, then P^T
+  float* acc = st + BN * BM;           // BM x dvp: output accumulator
+  float* row_max = acc + BM * dvp;     // BM
+  float* row_sum = row_max + BM;       // BM
+  float* alpha = row_sum + BM;         // BM: rescale factor of this step
 
-  for (std::int64_t r = 0; r < m; ++r) {
-    const float* src = p.q + p.sq.offset(b, span.q_begin + i0 + r, h);
-    for (std::int64_t d = 0; d < dqk; ++d) qs[r * dqk + d] = src[d] * p.scale;
+  for (std::int64_t r = 0; r < mp; ++r) {
+    const float* src = r < m ? p.q + p.sq.offset(b, span.q_begin + i0 + r, h) : nullptr;
+    for (std::int64_t d = 0; d < dqk; ++d) qt[d * BM + r] = src ? src[d] * p.scale : 0.0f;
     row_max[r] = kNegInf;
     row_sum[r] = 0.0f;
   }
@@ -41,67 +49,62 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
 
   // Keys any row of the block can see: visible ranges only grow with i.
   const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
-  const std::int64_t key_lo = first.begin, key_hi = last.end;
   const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
-  for (std::int64_t j0 = key_lo; j0 < key_hi; j0 += BN) {
-    const std::int64_t n = std::min(BN, key_hi - j0), n_pad = round_up(n, S::W);
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float* ksrc = p.k + p.sk.offset(b, span.kv_begin + j0 + j, hk);
-      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = ksrc[d];
-      const float* vsrc = p.v + p.sv.offset(b, span.kv_begin + j0 + j, hk);
-      std::copy(vsrc, vsrc + dv, vs + j * dvp);
-      std::fill(vs + j * dvp + dv, vs + (j + 1) * dvp, 0.0f);
-    }
-    for (std::int64_t j = n; j < n_pad; ++j) {
-      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = 0.0f;
-      std::fill(vs + j * dvp, vs + (j + 1) * dvp, 0.0f);
-    }
+  for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
+    const std::int64_t n = std::min(BN, last.end - j0);
+    const float* kblk = p.k + p.sk.offset(b, span.kv_begin + j0, hk);
+    gemm<S, Tr::mr, Tr::nv>(n, mp, dqk, MatA{kblk, p.sk.s, 1}, qt, BM, st, BM, false);
 
-    gemm<S, Tr::mr, Tr::nv>(m, n_pad, dqk, qs, dqk, kt, BN, st, BN, false);
+    // Interior tiles (every query sees every key) of a plain problem need no pass.
+    const bool interior = last.begin <= j0 && first.end >= j0 + n;
+    const Tile tile{b, h, i0, m, j0, n, span, st, BM, true, n, mp};
+    if (!(plain && interior)) finish_logits<S>(p, tile, nullptr);
 
-    // Interior tiles (every row sees every key) of a plain problem skip masking.
-    const bool interior = n == n_pad && last.begin <= j0 && first.end >= j0 + n;
-    if (!(plain && interior)) {
-      finish_logits<S>(p, TileCoords{b, h, i0, m, j0, n, n_pad, span}, st, BN, nullptr);
+    // Online softmax, vectorised across queries. A query with nothing visible
+    // yet keeps max = -inf; subtracting max(m, -FLT_MAX) keeps exp() at 0, not NaN.
+    const V floor = S::set1(std::numeric_limits<float>::lowest());
+    for (std::int64_t c = 0; c < mp; c += S::W) {
+      const V old_max = S::load(row_max + c);
+      V new_max = old_max;
+      for (std::int64_t j = 0; j < n; ++j) new_max = S::max(new_max, S::load(st + j * BM + c));
+      const V shift = S::max(new_max, floor);
+      V sum = S::zero();
+      for (std::int64_t j = 0; j < n; ++j) {
+        const V e = S::exp(S::sub(S::load(st + j * BM + c), shift));
+        S::store(st + j * BM + c, e);
+        sum = S::add(sum, e);
+      }
+      const V a = S::exp(S::sub(old_max, shift));
+      S::store(alpha + c, a);
+      S::store(row_max + c, new_max);
+      S::store(row_sum + c, S::fmadd(S::load(row_sum + c), a, sum));
     }
-
-    // Online softmax: rescale what was accumulated when the running max grows.
     for (std::int64_t r = 0; r < m; ++r) {
-      float* row = st + r * BN;
-      typename S::V vmax = S::set1(kNegInf);
-      for (std::int64_t j = 0; j < n_pad; j += S::W) vmax = S::max(vmax, S::load(row + j));
-      const float new_max = std::max(row_max[r], S::reduce_max(vmax));
-      if (new_max == kNegInf) {  // nothing visible yet in this row
-        std::fill(row, row + n_pad, 0.0f);
-        continue;
-      }
-      const float alpha = std::exp(row_max[r] - new_max);  // exp(-inf) = 0 on first visit
-      row_max[r] = new_max;
-      const typename S::V vm = S::set1(new_max);
-      typename S::V vsum = S::zero();
-      for (std::int64_t j = 0; j < n_pad; j += S::W) {
-        const typename S::V e = S::exp(S::sub(S::load(row + j), vm));
-        S::store(row + j, e);
-        vsum = S::add(vsum, e);
-      }
-      row_sum[r] = row_sum[r] * alpha + S::reduce_add(vsum);
-      if (alpha != 1.0f) {
-        const typename S::V va = S::set1(alpha);
-        float* o = acc + r * dvp;
-        for (std::int64_t d = 0; d < dvp; d += S::W) S::store(o + d, S::mul(S::load(o + d), va));
-      }
+      if (alpha[r] == 1.0f) continue;
+      const V a = S::set1(alpha[r]);
+      for (std::int64_t d = 0; d < dvp; d += S::W) S::store(acc + r * dvp + d, S::mul(S::load(acc + r * dvp + d), a));
     }
-    // Dropout acts on P after the row sums (LSE and normalisation are pre-dropout).
-    if (p.dropout) apply_dropout(p, TileCoords{b, h, i0, m, j0, n, n_pad, span}, st, BN);
+    // Dropout acts on P after the sums: LSE and normalisation are pre-dropout.
+    if (p.dropout) apply_dropout(p, tile);
 
-    gemm<S, Tr::mr, Tr::nv>(m, dvp, n_pad, st, BN, vs, dvp, acc, dvp, true);
+    const float* vblk = p.v + p.sv.offset(b, span.kv_begin + j0, hk);
+    std::int64_t ldv = p.sv.s;
+    if (!v_in_place) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        std::copy(vblk + j * p.sv.s, vblk + j * p.sv.s + dv, vpad + j * dvp);
+        std::fill(vpad + j * dvp + dv, vpad + (j + 1) * dvp, 0.0f);
+      }
+      vblk = vpad;
+      ldv = dvp;
+    }
+    gemm<S, Tr::mr, Tr::nv>(m, dvp, n, MatA{st, 1, BM}, vblk, ldv, acc, dvp, true);
   }
 
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
     float* dst = p.out + p.so.offset(b, row, h);
     const float l = row_sum[r];
-    const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0
+    const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
     for (std::int64_t d = 0; d < dv; ++d) dst[d] = acc[r * dvp + d] * inv;
     p.lse[p.slse.offset(b, row, h)] = l > 0 ? row_max[r] + std::log(l) : kNegInf;
   }

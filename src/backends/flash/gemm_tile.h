@@ -1,17 +1,27 @@
 // Register-blocked GEMM for the small tiles of the flash kernels:
 //   C[m x n] (= or +=) A[m x k] * B[k x n]
-// A and B row-major (lda, ldb in floats), n a multiple of Simd::W. One
-// micro-kernel shape per ISA (KernelTraits::mr x nv vectors); edges use the
-// same code with fewer rows or one vector. Included inside an ISA namespace.
+// A is addressed as A(r, p) = a[r * ars + p * aps], so a tile can be used
+// transposed without copying it (its elements are broadcast one at a time).
+// B and C are row-major (ldb, ldc in floats) and n must be a multiple of Simd::W,
+// so B rows may be read in place from the user's tensors whenever the head
+// dimension is a multiple of W. One micro-kernel shape per ISA
+// (KernelTraits::mr x nv vectors); edges reuse it with fewer rows or one vector.
+// Included inside an ISA namespace.
 #pragma once
 
 #include <cstdint>
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
+struct MatA {
+  const float* a;
+  std::int64_t rs, ps;  // row stride, depth stride
+  MatA rows_from(std::int64_t r) const { return {a + r * rs, rs, ps}; }
+};
+
 template <class S, int MR, int NV>
-inline void micro_kernel(std::int64_t k, const float* a, std::int64_t lda, const float* b,
-                         std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+inline void micro_kernel(std::int64_t k, MatA a, const float* b, std::int64_t ldb, float* c, std::int64_t ldc,
+                         bool accumulate) {
   typename S::V acc[MR][NV];
   for (int r = 0; r < MR; ++r) {
     for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? S::load(c + r * ldc + v * S::W) : S::zero();
@@ -19,8 +29,9 @@ inline void micro_kernel(std::int64_t k, const float* a, std::int64_t lda, const
   for (std::int64_t p = 0; p < k; ++p) {
     typename S::V bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = S::load(b + p * ldb + v * S::W);
+    const float* ap = a.a + p * a.ps;
     for (int r = 0; r < MR; ++r) {
-      const typename S::V av = S::set1(a[r * lda + p]);
+      const typename S::V av = S::set1(ap[r * a.rs]);
       for (int v = 0; v < NV; ++v) acc[r][v] = S::fmadd(av, bv[v], acc[r][v]);
     }
   }
@@ -29,33 +40,29 @@ inline void micro_kernel(std::int64_t k, const float* a, std::int64_t lda, const
   }
 }
 
-// Runs the (MR, NV) kernel on rows [0, m) of a column panel, peeling the row
-// remainder with smaller instantiations so every row count is exact.
+// Rows [0, m) of one column panel; the row remainder is peeled with halved
+// instantiations, so every row count is handled exactly.
 template <class S, int MR, int NV>
-inline void row_panel(std::int64_t m, std::int64_t k, const float* a, std::int64_t lda, const float* b,
-                      std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+inline void row_panel(std::int64_t m, std::int64_t k, MatA a, const float* b, std::int64_t ldb, float* c,
+                      std::int64_t ldc, bool accumulate) {
   std::int64_t r = 0;
-  for (; r + MR <= m; r += MR) micro_kernel<S, MR, NV>(k, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
+  for (; r + MR <= m; r += MR) micro_kernel<S, MR, NV>(k, a.rows_from(r), b, ldb, c + r * ldc, ldc, accumulate);
   if constexpr (MR > 1) {
-    const std::int64_t rest = m - r;
-    if (rest > 0) {
-      // Halve until the remainder fits: at most log2(MR) extra calls.
-      constexpr int H = MR / 2;
-      if (rest >= H) {
-        micro_kernel<S, H, NV>(k, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
-        r += H;
-      }
-      row_panel<S, (H > 1 ? H : 1), NV>(m - r, k, a + r * lda, lda, b, ldb, c + r * ldc, ldc, accumulate);
+    constexpr int H = MR / 2;
+    if (m - r >= H) {
+      micro_kernel<S, H, NV>(k, a.rows_from(r), b, ldb, c + r * ldc, ldc, accumulate);
+      r += H;
     }
+    if (m > r) row_panel<S, (H > 1 ? H : 1), NV>(m - r, k, a.rows_from(r), b, ldb, c + r * ldc, ldc, accumulate);
   }
 }
 
 template <class S, int MR, int NV>
-inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
-                 const float* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatA a, const float* b, std::int64_t ldb, float* c,
+                 std::int64_t ldc, bool accumulate) {
   std::int64_t j = 0;
-  for (; j + NV * S::W <= n; j += NV * S::W) row_panel<S, MR, NV>(m, k, a, lda, b + j, ldb, c + j, ldc, accumulate);
-  for (; j < n; j += S::W) row_panel<S, MR, 1>(m, k, a, lda, b + j, ldb, c + j, ldc, accumulate);
+  for (; j + NV * S::W <= n; j += NV * S::W) row_panel<S, MR, NV>(m, k, a, b + j, ldb, c + j, ldc, accumulate);
+  for (; j < n; j += S::W) row_panel<S, MR, 1>(m, k, a, b + j, ldb, c + j, ldc, accumulate);
 }
 
 }  // namespace attend::flash::ATTEND_FLASH_ISA

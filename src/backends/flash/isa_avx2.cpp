@@ -26,7 +26,7 @@
 namespace attend::flash {
 
 KernelTable kernels_avx2() {
-  return {"avx2", KernelTraits<SimdAvx2>::block_m, &isa_avx2::forward_block<SimdAvx2>,
+  return {"avx2", KernelTraits<SimdAvx2>::fwd_m, &isa_avx2::forward_block<SimdAvx2>,
           &isa_avx2::backward_head<SimdAvx2>, &forward_scratch_floats<SimdAvx2>, &backward_scratch_floats<SimdAvx2>};
 }
 

@@ -30,7 +30,7 @@
 namespace attend::flash {
 
 KernelTable kernels_avx512() {
-  return {"avx512", KernelTraits<SimdAvx512>::block_m, &isa_avx512::forward_block<SimdAvx512>,
+  return {"avx512", KernelTraits<SimdAvx512>::fwd_m, &isa_avx512::forward_block<SimdAvx512>,
           &isa_avx512::backward_head<SimdAvx512>, &forward_scratch_floats<SimdAvx512>, &backward_scratch_floats<SimdAvx512>};
 }
 

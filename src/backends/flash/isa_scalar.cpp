@@ -21,7 +21,7 @@
 namespace attend::flash {
 
 KernelTable kernels_scalar() {
-  return {"scalar", KernelTraits<SimdScalar>::block_m, &isa_scalar::forward_block<SimdScalar>,
+  return {"scalar", KernelTraits<SimdScalar>::fwd_m, &isa_scalar::forward_block<SimdScalar>,
           &isa_scalar::backward_head<SimdScalar>, &forward_scratch_floats<SimdScalar>, &backward_scratch_floats<SimdScalar>};
 }
 

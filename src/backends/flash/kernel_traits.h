@@ -1,5 +1,6 @@
 // Tiling of the flash kernels per ISA (FlashAttention's kernel_traits idea).
-//   block_m: query rows per tile   block_n: keys per tile
+//   fwd_m: query rows per forward task     fwd_n: keys per forward tile
+//   bwd_m: query rows per backward tile    bwd_n: keys per backward task step
 //   mr x nv: register micro-tile of the GEMMs (mr rows, nv vectors of W floats)
 #pragma once
 
@@ -16,22 +17,23 @@ struct SimdAvx512;
 
 template <>
 struct KernelTraits<SimdScalar> {
-  static constexpr std::int64_t block_m = 32, block_n = 32;
+  static constexpr std::int64_t fwd_m = 32, fwd_n = 32, bwd_m = 32, bwd_n = 32;
   static constexpr int mr = 4, nv = 4;
 };
 
 // 16 ymm registers: 6 x 2 accumulators + 2 B vectors + 1 broadcast.
 template <>
 struct KernelTraits<SimdAvx2> {
-  static constexpr std::int64_t block_m = 64, block_n = 64;
+  static constexpr std::int64_t fwd_m = 128, fwd_n = 64, bwd_m = 64, bwd_n = 128;
   static constexpr int mr = 6, nv = 2;
 };
 
-// 32 zmm registers: 8 x 2 accumulators leaves room for B loads and broadcasts;
-// block_n = 64 keeps the S/P tile and packed K/V inside L2 at head_dim 256.
+// 32 zmm registers: 8 x 2 accumulators leave room for B loads and broadcasts.
+// Forward: 128 queries share each K/V block read; backward: 128 keys share
+// each Q/dO block read. Tiles stay inside Zen 5's 1 MiB L2 at head_dim 256.
 template <>
 struct KernelTraits<SimdAvx512> {
-  static constexpr std::int64_t block_m = 64, block_n = 64;
+  static constexpr std::int64_t fwd_m = 128, fwd_n = 64, bwd_m = 64, bwd_n = 128;
   static constexpr int mr = 8, nv = 2;
 };
 
@@ -42,30 +44,28 @@ template <class Simd>
 constexpr std::int64_t forward_scratch_floats(std::int64_t dqk, std::int64_t dv) {
   using T = KernelTraits<Simd>;
   const std::int64_t dvp = round_up(dv, Simd::W);
-  return T::block_m * dqk          // Qs
-         + dqk * T::block_n        // Kt
-         + T::block_n * dvp        // Vs
-         + T::block_m * T::block_n // S / P
-         + T::block_m * dvp        // O accumulator
-         + 2 * T::block_m          // running max, running sum
-         + 64;                     // alignment slack
+  return dqk * T::fwd_m          // Qt: scale * Q^T
+         + T::fwd_n * dvp        // V block when dv needs padding
+         + T::fwd_n * T::fwd_m   // S^T / P^T
+         + T::fwd_m * dvp        // O accumulator
+         + 4 * T::fwd_m          // running max, running sum, rescale factors, scratch
+         + 64;                   // alignment slack
 }
 
 template <class Simd>
 constexpr std::int64_t backward_scratch_floats(std::int64_t dqk, std::int64_t dv) {
   using T = KernelTraits<Simd>;
   const std::int64_t dqp = round_up(dqk, Simd::W), dvp = round_up(dv, Simd::W);
-  return dqk * T::block_n          // Kt
-         + T::block_n * dqp        // Ks
-         + dv * T::block_n         // Vt
-         + T::block_n * dqp        // dK accumulator
-         + T::block_n * dvp        // dV accumulator
-         + T::block_m * dqp        // Qs
-         + T::block_m * dvp        // dOs
-         + 2 * T::block_m * T::block_n  // P, dP
-         + T::block_n * T::block_m      // transposed P' / dS
-         + T::block_m * dqp        // dQ tile
-         + 3 * T::block_m          // D, LSE, softcap flag scratch
+  return dqk * T::bwd_n              // Kt: scale * K^T
+         + dv * T::bwd_n             // Vt
+         + T::bwd_n * dqp            // K block when dqk needs padding
+         + T::bwd_n * dqp            // dK accumulator
+         + T::bwd_n * dvp            // dV accumulator
+         + T::bwd_m * dqp            // Q block when dqk needs padding
+         + T::bwd_m * dvp            // dO block when dv needs padding
+         + 3 * T::bwd_m * T::bwd_n   // P, dS, tanh (softcap)
+         + T::bwd_m * dqp            // dQ tile when dqk needs padding
+         + 2 * T::bwd_m              // D, LSE
          + 64;
 }
 

@@ -1,74 +1,98 @@
-// Turning a tile of raw scores q.k into final logits, shared by forward and
-// backward so both see exactly the same numbers: softcap, ALiBi, bias, mask.
+// Turning a tile of scaled scores into final logits — softcap, ALiBi, bias, mask —
+// shared by forward and backward so both see exactly the same numbers. A tile
+// is stored either query-major (rows = queries, the backward's S) or key-major
+// (rows = keys, the forward's S^T); the rules are the same, only addressing differs.
 // Included inside an ISA namespace.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 
 #include "backends/flash/flash_params.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
-struct TileCoords {
+struct Tile {
   std::int64_t b, h;          // batch and query head
-  std::int64_t i0, m;         // first query row (sequence-local) and row count
-  std::int64_t j0, n, n_pad;  // first key (sequence-local), key count, padded width
+  std::int64_t i0, m;         // first query (sequence-local) and query count
+  std::int64_t j0, n;         // first key (sequence-local) and key count
   detail::SeqSpan span;
+  float* s;                   // the scores
+  std::int64_t ld;            // floats between rows
+  bool key_major;             // rows are keys (else queries)
+  std::int64_t rows, cols;    // stored extent (cols padded to a multiple of W)
+
+  float& at(std::int64_t i, std::int64_t j) const { return key_major ? s[j * ld + i] : s[i * ld + j]; }
 };
 
-// Rewrites S (m rows, ld = lds) from scale*q.k into logits. With softcap, also
-// stores tanh(.) per element in `tanh_out` (same layout) for the backward.
+// softcap * tanh(s / softcap) over the whole stored extent; tanh kept in
+// `tanh_out` (same layout) when the backward needs its derivative.
 template <class S>
-inline void finish_logits(const FlashParams& p, const TileCoords& t, float* s, std::int64_t lds,
-                          float* tanh_out) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  const float slope = p.alibi ? p.slope(t.b, t.h) : 0.0f;
-  const std::int64_t off = t.span.kv_len - t.span.q_len;
-  for (std::int64_t r = 0; r < t.m; ++r) {
-    float* row = s + r * lds;
-    const std::int64_t i = t.i0 + r;
-    if (p.softcap > 0) {
-      const typename S::V inv = S::set1(1.0f / p.softcap), cap = S::set1(p.softcap);
-      for (std::int64_t j = 0; j < t.n_pad; j += S::W) {
-        const typename S::V th = S::tanh(S::mul(S::load(row + j), inv));
-        if (tanh_out) S::store(tanh_out + r * lds + j, th);
-        S::store(row + j, S::mul(th, cap));
-      }
+inline void apply_softcap(const FlashParams& p, const Tile& t, float* tanh_out) {
+  const typename S::V inv = S::set1(1.0f / p.softcap), cap = S::set1(p.softcap);
+  for (std::int64_t r = 0; r < t.rows; ++r) {
+    for (std::int64_t c = 0; c < t.cols; c += S::W) {
+      const typename S::V th = S::tanh(S::mul(S::load(t.s + r * t.ld + c), inv));
+      if (tanh_out) S::store(tanh_out + r * t.ld + c, th);
+      S::store(t.s + r * t.ld + c, S::mul(th, cap));
     }
-    if (p.alibi) {
-      for (std::int64_t j = 0; j < t.n; ++j) {
-        row[j] -= slope * static_cast<float>(std::llabs(i + off - (t.j0 + j)));
-      }
-    }
-    if (p.bias) {
-      const float* brow = p.bias + p.sbias.offset(t.b, t.h, i) + t.j0;
-      for (std::int64_t j = 0; j < t.n; ++j) row[j] += brow[j];
-    }
-    // Mask: keys outside this row's window, and the padding columns.
-    const detail::KeyRange vis = p.keys(i, t.span);
-    const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - t.j0, 0, t.n);
-    const std::int64_t hi = std::clamp<std::int64_t>(vis.end - t.j0, lo, t.n);
-    for (std::int64_t j = 0; j < lo; ++j) row[j] = kNegInf;
-    for (std::int64_t j = hi; j < t.n_pad; ++j) row[j] = kNegInf;
   }
 }
 
-// Multiplies row r of P (m x n, ld) by keep/(1-p) using the shared Philox mask.
-inline void apply_dropout(const FlashParams& p, const TileCoords& t, float* s, std::int64_t lds) {
+template <class S>
+inline void finish_logits(const FlashParams& p, const Tile& t, float* tanh_out) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  if (p.softcap > 0) apply_softcap<S>(p, t, tanh_out);
+  const float slope = p.alibi ? p.slope(t.b, t.h) : 0.0f;
+  const std::int64_t off = t.span.kv_len - t.span.q_len;
   for (std::int64_t r = 0; r < t.m; ++r) {
-    float* row = s + r * lds;
     const std::int64_t i = t.i0 + r;
-    for (std::int64_t j = 0; j < t.n;) {
-      const std::int64_t col = t.j0 + j;
+    if (p.alibi) {
+      for (std::int64_t c = 0; c < t.n; ++c) t.at(r, c) -= slope * static_cast<float>(std::llabs(i + off - (t.j0 + c)));
+    }
+    if (p.bias) {
+      const float* brow = p.bias + p.sbias.offset(t.b, t.h, i) + t.j0;
+      for (std::int64_t c = 0; c < t.n; ++c) t.at(r, c) += brow[c];
+    }
+    // Mask the keys outside this query's window.
+    const detail::KeyRange vis = p.keys(i, t.span);
+    const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - t.j0, 0, t.n);
+    const std::int64_t hi = std::clamp<std::int64_t>(vis.end - t.j0, lo, t.n);
+    for (std::int64_t c = 0; c < lo; ++c) t.at(r, c) = kNegInf;
+    for (std::int64_t c = hi; c < t.n; ++c) t.at(r, c) = kNegInf;
+  }
+  if (!t.key_major) {  // padding keys of a query-major tile
+    for (std::int64_t r = 0; r < t.m; ++r) std::fill(t.s + r * t.ld + t.n, t.s + r * t.ld + t.cols, kNegInf);
+  }
+}
+
+// Multiplies P by keep/(1-p), the mask drawn from the shared Philox function.
+inline void apply_dropout(const FlashParams& p, const Tile& t) {
+  for (std::int64_t r = 0; r < t.m; ++r) {
+    const std::int64_t i = t.i0 + r;
+    for (std::int64_t c = 0; c < t.n;) {
+      const std::int64_t col = t.j0 + c;
       const auto words = p.dropout_mask.words(t.b, t.h, i, col >> 2);
-      for (std::int64_t c = col & 3; c < 4 && j < t.n; ++c, ++j) {
-        row[j] = words[c] < p.dropout_mask.threshold ? row[j] * p.dropout_scale : 0.0f;
+      for (std::int64_t w = col & 3; w < 4 && c < t.n; ++w, ++c) {
+        float& x = t.at(r, c);
+        x = words[w] < p.dropout_mask.threshold ? x * p.dropout_scale : 0.0f;
       }
     }
   }
+}
+
+// dot(a, b) over n floats, vectorised (the scalar loop would serialise on FMA latency).
+template <class S>
+inline float dot(const float* a, const float* b, std::int64_t n) {
+  typename S::V acc = S::zero();
+  std::int64_t d = 0;
+  for (; d + S::W <= n; d += S::W) acc = S::fmadd(S::load(a + d), S::load(b + d), acc);
+  float sum = S::reduce_add(acc);
+  for (; d < n; ++d) sum += a[d] * b[d];
+  return sum;
 }
 
 }  // namespace attend::flash::ATTEND_FLASH_ISA
