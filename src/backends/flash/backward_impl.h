@@ -4,10 +4,11 @@
 // writes to its dK/dV rows and its group's dQ rows, so the result is bitwise
 // identical for any thread count, with no atomics and no O(seqlen) buffers.
 //
-// K^T and V^T are packed once per key block (with the softmax scale folded into
-// K^T); Q, dO, K and dQ are used in place whenever their head dim is a multiple
-// of the vector width, and the transposed products (P'^T dO, dS^T Q) read the
-// tiles transposed through the GEMM's strided A operand — no tile is copied.
+// K^T, V^T and K are packed once per key block (the softmax scale folded into
+// K^T); Q and dO rows are copied into contiguous blocks per query block (rows
+// of one head sit H*D floats apart in the user's tensor, which makes in-place
+// GEMM loads conflict in L1). The transposed products (P'^T dO, dS^T Q) read
+// the P and dS tiles through the GEMM's strided A operand — no tile transposes.
 // Included inside an ISA namespace.
 #pragma once
 
@@ -22,13 +23,12 @@
 namespace attend::flash::ATTEND_FLASH_ISA {
 
 // `rows` rows of `cols` floats (stride ld) copied into a zero-padded [rows x ldp] block.
-inline const float* padded_rows(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols,
+inline void padded_rows(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols,
                                 std::int64_t ldp, float* dst) {
   for (std::int64_t r = 0; r < rows; ++r) {
     std::copy(src + r * ld, src + r * ld + cols, dst + r * ldp);
     std::fill(dst + r * ldp + cols, dst + (r + 1) * ldp, 0.0f);
   }
-  return dst;
 }
 
 template <class S>
@@ -40,19 +40,18 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const detail::SeqSpan span = p.span(b);
   const std::int64_t dqk = p.dqk, dv = p.dv, dqp = round_up(dqk, S::W), dvp = round_up(dv, S::W);
-  const bool qk_in_place = dqk == dqp, v_in_place = dv == dvp;
 
   float* kt = scratch;                 // dqk x BN   scale * K^T, for S = Q K^T
   float* vt = kt + dqk * BN;           // dv x BN    V^T, for dP = dO V^T
-  float* kpad = vt + dv * BN;          // BN x dqp   K rows, when dqk needs padding
-  float* dk_acc = kpad + BN * dqp;     // BN x dqp
+  float* kblk = vt + dv * BN;          // BN x dqp   K rows
+  float* dk_acc = kblk + BN * dqp;     // BN x dqp
   float* dv_acc = dk_acc + BN * dqp;   // BN x dvp
-  float* qpad = dv_acc + BN * dvp;     // BM x dqp   Q rows, when dqk needs padding
-  float* dopad = qpad + BM * dqp;      // BM x dvp   dO rows, when dv needs padding
-  float* pt = dopad + BM * dvp;        // BM x BN    P, then P'
+  float* qblk = dv_acc + BN * dvp;     // BM x dqp   Q rows
+  float* doblk = qblk + BM * dqp;      // BM x dvp   dO rows
+  float* pt = doblk + BM * dvp;        // BM x BN    P, then P'
   float* ds = pt + BM * BN;            // BM x BN    dP, then scale * dS
   float* th = ds + BM * BN;            // BM x BN    tanh (softcap only)
-  float* dq_tile = th + BM * BN;       // BM x dqp   when dQ cannot accumulate in place
+  float* dq_tile = th + BM * BN;       // BM x dqp
   float* dsum = dq_tile + BM * dqp;    // BM         D_i = dO_i . O_i
   float* lse = dsum + BM;              // BM
 
@@ -65,14 +64,13 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
 
   for (std::int64_t j0 = 0; j0 < span.kv_len; j0 += BN) {
     const std::int64_t n = std::min(BN, span.kv_len - j0), n_pad = round_up(n, S::W);
-    const float* kblk = p.k + p.sk.offset(b, span.kv_begin + j0, hk);
-    const float* vblk = p.v + p.sv.offset(b, span.kv_begin + j0, hk);
+    const float* ksrc = p.k + p.sk.offset(b, span.kv_begin + j0, hk);
+    const float* vsrc = p.v + p.sv.offset(b, span.kv_begin + j0, hk);
     for (std::int64_t j = 0; j < n_pad; ++j) {
-      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = j < n ? kblk[j * p.sk.s + d] * p.scale : 0.0f;
-      for (std::int64_t d = 0; d < dv; ++d) vt[d * BN + j] = j < n ? vblk[j * p.sv.s + d] : 0.0f;
+      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = j < n ? ksrc[j * p.sk.s + d] * p.scale : 0.0f;
+      for (std::int64_t d = 0; d < dv; ++d) vt[d * BN + j] = j < n ? vsrc[j * p.sv.s + d] : 0.0f;
     }
-    const float* k_rows = qk_in_place ? kblk : padded_rows(kblk, p.sk.s, n, dqk, dqp, kpad);
-    const std::int64_t ldk = qk_in_place ? p.sk.s : dqp;
+    padded_rows(ksrc, p.sk.s, n, dqk, dqp, kblk);
     std::fill(dk_acc, dk_acc + n * dqp, 0.0f);
     std::fill(dv_acc, dv_acc + n * dvp, 0.0f);
 
@@ -85,15 +83,15 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         if (first.begin >= j0 + n || last.end <= j0 || last.end <= first.begin) continue;
 
         const std::int64_t row0 = span.q_begin + i0;
-        const float* qblk = p.q + p.sq.offset(b, row0, h);
-        const float* doblk = p.dout + p.sdo.offset(b, row0, h);
+        padded_rows(p.q + p.sq.offset(b, row0, h), p.sq.s, m, dqk, dqp, qblk);
+        padded_rows(p.dout + p.sdo.offset(b, row0, h), p.sdo.s, m, dv, dvp, doblk);
         for (std::int64_t r = 0; r < m; ++r) {
-          dsum[r] = dot<S>(doblk + r * p.sdo.s, p.out + p.so.offset(b, row0 + r, h), dv);
+          dsum[r] = dot<S>(doblk + r * dvp, p.out + p.so.offset(b, row0 + r, h), dv);
           lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         }
 
         // Recompute logits exactly as the forward did, then P = exp(s - LSE).
-        gemm<S, MR, NV>(m, n_pad, dqk, MatA{qblk, p.sq.s, 1}, kt, BN, pt, BN, false);
+        gemm<S, MR, NV>(m, n_pad, dqk, MatA{qblk, dqp, 1}, kt, BN, pt, BN, false);
         const Tile tile{b, h, i0, m, j0, n, span, pt, BN, false, m, n_pad};
         finish_logits<S>(p, tile, p.softcap > 0 ? th : nullptr);
         for (std::int64_t r = 0; r < m; ++r) {
@@ -107,7 +105,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         }
 
         // dP = (dO V^T) * keep/(1-p);  scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
-        gemm<S, MR, NV>(m, n_pad, dv, MatA{doblk, p.sdo.s, 1}, vt, BN, ds, BN, false);
+        gemm<S, MR, NV>(m, n_pad, dv, MatA{doblk, dvp, 1}, vt, BN, ds, BN, false);
         const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, n_pad};
         if (p.dropout) apply_dropout(p, dtile);
         const V vscale = S::set1(p.scale);
@@ -123,18 +121,12 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         if (p.dropout) apply_dropout(p, tile);  // P -> P' for dV
 
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ += (scale dS) K
-        const float* do_rows = v_in_place ? doblk : padded_rows(doblk, p.sdo.s, m, dv, dvp, dopad);
-        gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, do_rows, v_in_place ? p.sdo.s : dvp, dv_acc, dvp, true);
-        const float* q_rows = qk_in_place ? qblk : padded_rows(qblk, p.sq.s, m, dqk, dqp, qpad);
-        gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, q_rows, qk_in_place ? p.sq.s : dqp, dk_acc, dqp, true);
-        float* dqblk = p.dq + p.sdq.offset(b, row0, h);
-        if (qk_in_place) {
-          gemm<S, MR, NV>(m, dqk, n, MatA{ds, BN, 1}, k_rows, ldk, dqblk, p.sdq.s, true);
-        } else {
-          gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, k_rows, ldk, dq_tile, dqp, false);
-          for (std::int64_t r = 0; r < m; ++r) {
-            for (std::int64_t d = 0; d < dqk; ++d) dqblk[r * p.sdq.s + d] += dq_tile[r * dqp + d];
-          }
+        gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, doblk, dvp, dv_acc, dvp, true);
+        gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, qblk, dqp, dk_acc, dqp, true);
+        gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, kblk, dqp, dq_tile, dqp, false);
+        for (std::int64_t r = 0; r < m; ++r) {
+          float* dst = p.dq + p.sdq.offset(b, row0 + r, h);
+          for (std::int64_t d = 0; d < dqk; ++d) dst[d] += dq_tile[r * dqp + d];
         }
       }
     }

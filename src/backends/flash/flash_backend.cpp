@@ -61,14 +61,15 @@ class FlashBackend final : public Backend {
   void run_forward(const ForwardArgs& a) const override {
     const flash::KernelTable& k = flash::active_kernels();
     const flash::FlashParams p = flash::make_forward_params(a);
-    // Tasks: (batch, head, query block). Later query blocks see more keys under
-    // a causal mask, so they are queued first for better load balance.
+    // Tasks: (batch, head, query block), query blocks innermost so that threads
+    // working side by side share one head's K/V in cache. Later query blocks
+    // see more keys under a causal mask, so each head's are queued first.
     struct Task { std::int64_t b, h, qb; };
     std::vector<Task> tasks;
     for (std::int64_t b = 0; b < p.batch; ++b) {
       const std::int64_t blocks = (p.span(b).q_len + k.block_m - 1) / k.block_m;
-      for (std::int64_t qb = blocks - 1; qb >= 0; --qb) {
-        for (std::int64_t h = 0; h < p.heads_q; ++h) tasks.push_back({b, h, qb});
+      for (std::int64_t h = 0; h < p.heads_q; ++h) {
+        for (std::int64_t qb = blocks - 1; qb >= 0; --qb) tasks.push_back({b, h, qb});
       }
     }
     const std::size_t per_thread = static_cast<std::size_t>(k.forward_scratch(p.dqk, p.dv));

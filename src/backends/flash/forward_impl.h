@@ -1,11 +1,12 @@
 // Flash forward for one (batch, query head, query block): online softmax over
 // key blocks, never holding more than a block of scores.
 //
-// The score tile is computed transposed, S^T = K Q^T (keys x queries): K rows are
-// read in place from the user's tensor, Q^T is packed once per task, so no key
-// block is ever copied, and the softmax's per-query max and sum become
-// element-wise vector operations across key rows. V is read in place too when
-// head_dim_v is a multiple of the vector width.
+// The score tile is computed transposed, S^T = K Q^T (keys x queries): Q^T is
+// packed once per task, K and V blocks are copied row by row into contiguous
+// buffers (no transposes), and the softmax's per-query max and sum become
+// element-wise vector operations across key rows. (Reading K/V rows in place
+// is slower: rows of one head sit H*D floats apart, often a multiple of 4 KiB,
+// and the GEMM's loads then conflict in L1.)
 // Included inside an ISA namespace.
 #pragma once
 
@@ -29,11 +30,11 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   const std::int64_t i0 = qb * BM, m = std::min(BM, span.q_len - i0);
   if (m <= 0) return;
   const std::int64_t mp = round_up(m, S::W), hk = h / p.group, dqk = p.dqk, dv = p.dv, dvp = round_up(dv, S::W);
-  const bool v_in_place = dv == dvp;
 
   float* qt = scratch;                 // dqk x BM: scale * Q^T, zero-padded columns
-  float* vpad = qt + dqk * BM;         // BN x dvp: V block, only when dv needs padding
-  float* st = vpad + BN * dvp;         // BN x BM: S^T, then P^T
+  float* kblk = qt + dqk * BM;         // BN x dqk: K block
+  float* vblk = kblk + BN * dqk;       // BN x dvp: V block, zero-padded columns
+  float* st = vblk + BN * dvp;         // BN x BM: S^T, then P^T
   float* acc = st + BN * BM;           // BM x dvp: output accumulator
   float* row_max = acc + BM * dvp;     // BM
   float* row_sum = row_max + BM;       // BM
@@ -52,8 +53,17 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
   for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
     const std::int64_t n = std::min(BN, last.end - j0);
-    const float* kblk = p.k + p.sk.offset(b, span.kv_begin + j0, hk);
-    gemm<S, Tr::mr, Tr::nv>(n, mp, dqk, MatA{kblk, p.sk.s, 1}, qt, BM, st, BM, false);
+    for (std::int64_t j = 0; j < n; ++j) {
+      copy_row<S>(p.k + p.sk.offset(b, span.kv_begin + j0 + j, hk), dqk, kblk + j * dqk, dqk);
+      copy_row<S>(p.v + p.sv.offset(b, span.kv_begin + j0 + j, hk), dv, vblk + j * dvp, dvp);
+    }
+    // Rows of one head are H*D floats apart, too far for the hardware
+    // prefetchers: ask for the next block while this one is computed.
+    for (std::int64_t j = j0 + BN; j < std::min(j0 + 2 * BN, last.end); ++j) {
+      prefetch_row(p.k + p.sk.offset(b, span.kv_begin + j, hk), dqk);
+      prefetch_row(p.v + p.sv.offset(b, span.kv_begin + j, hk), dv);
+    }
+    gemm<S, Tr::mr, Tr::nv>(n, mp, dqk, MatA{kblk, dqk, 1}, qt, BM, st, BM, false);
 
     // Interior tiles (every query sees every key) of a plain problem need no pass.
     const bool interior = last.begin <= j0 && first.end >= j0 + n;
@@ -87,17 +97,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     // Dropout acts on P after the sums: LSE and normalisation are pre-dropout.
     if (p.dropout) apply_dropout(p, tile);
 
-    const float* vblk = p.v + p.sv.offset(b, span.kv_begin + j0, hk);
-    std::int64_t ldv = p.sv.s;
-    if (!v_in_place) {
-      for (std::int64_t j = 0; j < n; ++j) {
-        std::copy(vblk + j * p.sv.s, vblk + j * p.sv.s + dv, vpad + j * dvp);
-        std::fill(vpad + j * dvp + dv, vpad + (j + 1) * dvp, 0.0f);
-      }
-      vblk = vpad;
-      ldv = dvp;
-    }
-    gemm<S, Tr::mr, Tr::nv>(m, dvp, n, MatA{st, 1, BM}, vblk, ldv, acc, dvp, true);
+    gemm<S, Tr::mr, Tr::nv>(m, dvp, n, MatA{st, 1, BM}, vblk, dvp, acc, dvp, true);
   }
 
   for (std::int64_t r = 0; r < m; ++r) {

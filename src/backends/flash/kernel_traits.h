@@ -29,11 +29,11 @@ struct KernelTraits<SimdAvx2> {
 };
 
 // 32 zmm registers: 8 x 2 accumulators leave room for B loads and broadcasts.
-// Forward: 128 queries share each K/V block read; backward: 128 keys share
-// each Q/dO block read. Tiles stay inside Zen 5's 1 MiB L2 at head_dim 256.
+// Forward: 256 queries share each K/V block copy; backward: 128 keys share
+// each Q/dO block copy. Tiles stay inside Zen 5's 1 MiB L2 at head_dim 256.
 template <>
 struct KernelTraits<SimdAvx512> {
-  static constexpr std::int64_t fwd_m = 128, fwd_n = 64, bwd_m = 64, bwd_n = 128;
+  static constexpr std::int64_t fwd_m = 256, fwd_n = 64, bwd_m = 64, bwd_n = 128;
   static constexpr int mr = 8, nv = 2;
 };
 
@@ -45,7 +45,8 @@ constexpr std::int64_t forward_scratch_floats(std::int64_t dqk, std::int64_t dv)
   using T = KernelTraits<Simd>;
   const std::int64_t dvp = round_up(dv, Simd::W);
   return dqk * T::fwd_m          // Qt: scale * Q^T
-         + T::fwd_n * dvp        // V block when dv needs padding
+         + T::fwd_n * dqk        // K block
+         + T::fwd_n * dvp        // V block
          + T::fwd_n * T::fwd_m   // S^T / P^T
          + T::fwd_m * dvp        // O accumulator
          + 4 * T::fwd_m          // running max, running sum, rescale factors, scratch
@@ -58,13 +59,13 @@ constexpr std::int64_t backward_scratch_floats(std::int64_t dqk, std::int64_t dv
   const std::int64_t dqp = round_up(dqk, Simd::W), dvp = round_up(dv, Simd::W);
   return dqk * T::bwd_n              // Kt: scale * K^T
          + dv * T::bwd_n             // Vt
-         + T::bwd_n * dqp            // K block when dqk needs padding
+         + T::bwd_n * dqp            // K block
          + T::bwd_n * dqp            // dK accumulator
          + T::bwd_n * dvp            // dV accumulator
-         + T::bwd_m * dqp            // Q block when dqk needs padding
-         + T::bwd_m * dvp            // dO block when dv needs padding
+         + T::bwd_m * dqp            // Q block
+         + T::bwd_m * dvp            // dO block
          + 3 * T::bwd_m * T::bwd_n   // P, dS, tanh (softcap)
-         + T::bwd_m * dqp            // dQ tile when dqk needs padding
+         + T::bwd_m * dqp            // dQ tile
          + 2 * T::bwd_m              // D, LSE
          + 64;
 }

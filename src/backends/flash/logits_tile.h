@@ -84,6 +84,20 @@ inline void apply_dropout(const FlashParams& p, const Tile& t) {
   }
 }
 
+// dst[0, ldp) = src[0, n) followed by zeros.
+template <class S>
+inline void copy_row(const float* src, std::int64_t n, float* dst, std::int64_t ldp) {
+  std::int64_t d = 0;
+  for (; d + S::W <= n; d += S::W) S::store(dst + d, S::load(src + d));
+  for (; d < n; ++d) dst[d] = src[d];
+  for (; d < ldp; ++d) dst[d] = 0.0f;
+}
+
+// Pulls n floats into L2 ahead of use (one prefetch per 64-byte line).
+inline void prefetch_row(const float* src, std::int64_t n) {
+  for (std::int64_t d = 0; d < n; d += 16) __builtin_prefetch(src + d, 0, 2);
+}
+
 // dot(a, b) over n floats, vectorised (the scalar loop would serialise on FMA latency).
 template <class S>
 inline float dot(const float* a, const float* b, std::int64_t n) {

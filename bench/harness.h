@@ -1,0 +1,94 @@
+// The benchmark harness: every (problem, implementation, pass) measured in one
+// process, next to a measured sgemm ceiling and the unfused baseline, so that
+// every rate is read as a ratio against baselines run on the same machine state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attend/backend.h"
+#include "attend/spec.h"
+#include "attend/tensor.h"
+#include "sgemm_peak.h"
+#include "timing.h"
+
+namespace attend::bench {
+
+// flash and reference run through the Backend interface (make_flash_backend(),
+// make_reference_backend()); unfused is UnfusedAttention (unfused.h).
+enum class Impl : std::uint8_t { flash, reference, unfused };
+std::string_view to_string(Impl impl);
+// "flash" | "reference" | "unfused"; throws attend::Error(invalid_argument) otherwise.
+Impl parse_impl(std::string_view text);
+
+// The input tensors of one problem, owned; f32, in spec.layout.
+struct ProblemTensors {
+  Tensor q, k, v, dout;                       // dout: out's shape, needed for backward
+  Tensor bias, slopes, cu_seqlens_q, cu_seqlens_kv;  // when the spec asks for them
+  Inputs inputs() const;
+};
+// Makes the tensors of a spec. The harness does not generate data itself: the
+// CLI passes its own generator (cli/problem_data.h), tests pass theirs.
+using MakeTensors = std::function<ProblemTensors(const AttentionSpec&)>;
+
+struct HarnessOptions {
+  std::vector<Impl> impls{Impl::flash, Impl::unfused};
+  std::vector<Pass> passes{Pass::forward, Pass::backward};
+  TimingOptions timing;
+  // The reference materialises scores in f64 and is slow: it is skipped (with a
+  // note) when B*H*Sq*Sk exceeds this, unless force_reference.
+  std::int64_t reference_max_work = std::int64_t{1} << 26;
+  bool force_reference = false;
+  MakeTensors make_tensors;           // required
+  std::ostream* progress = nullptr;   // one line per measurement ("[3/12] ..."); nullptr: none
+};
+
+// Values that hold for the whole run; printed above the table and repeated in
+// the CSV/JSON.
+struct Header {
+  int threads = 0;          // omp_get_max_threads()
+  int blas_threads = 0;     // openblas_get_num_threads()
+  std::string flash_isa;    // attend::flash_active_isa()
+  std::string blas_config;  // openblas_get_config()
+  SgemmPeak sgemm;
+};
+// Fills everything but `sgemm` from the running process.
+Header make_header(const SgemmPeak& sgemm);
+
+struct Row {
+  AttentionSpec spec;
+  std::string problem;  // problem_label(spec)
+  Impl impl = Impl::flash;
+  Pass pass = Pass::forward;
+  Timing timing;
+  std::int64_t flops = 0;      // core/flops.h: exact visible pairs, same count for every impl
+  double gflops = 0.0;         // flops / timing.best_s / 1e9
+  double vs_sgemm = 0.0;       // gflops / header.sgemm.gflops
+  double vs_unfused = std::numeric_limits<double>::quiet_NaN();  // unfused best / this best (same
+                                                                  // problem and pass); NaN: not measured
+  std::size_t extra_bytes = 0; // flash/reference: workspace_bytes; unfused: extra_bytes(pass)
+};
+
+struct Report {
+  Header header;
+  std::vector<Row> rows;
+  std::vector<std::string> notes;  // skipped measurements and why
+};
+
+// "B=1 H=16 D=128 S=4096 causal" — only what differs from the plain case is added
+// (H=16/4 for GQA, D=192/128 for unequal dims, Sq=../Sk=.. when they differ,
+// window=L,R, and the other spec features by name).
+std::string problem_label(const AttentionSpec& spec);
+
+// Measures every problem x impl x pass the options ask for (impl-major within
+// a problem: forward, then backward on the forward's outputs). Problems or
+// passes an implementation does not support are skipped with a note.
+Report run_benchmarks(const std::vector<AttentionSpec>& problems, const HarnessOptions& options,
+                      const Header& header);
+
+}  // namespace attend::bench
