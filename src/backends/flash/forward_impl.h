@@ -54,14 +54,14 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
     const std::int64_t n = std::min(BN, last.end - j0);
     for (std::int64_t j = 0; j < n; ++j) {
-      copy_row<S>(p.k + p.sk.offset(b, span.kv_begin + j0 + j, hk), dqk, kblk + j * dqk, dqk);
-      copy_row<S>(p.v + p.sv.offset(b, span.kv_begin + j0 + j, hk), dv, vblk + j * dvp, dvp);
+      copy_row<S>(p.k_row(b, span, j0 + j, hk), dqk, kblk + j * dqk, dqk);
+      copy_row<S>(p.v_row(b, span, j0 + j, hk), dv, vblk + j * dvp, dvp);
     }
     // Rows of one head are H*D floats apart, too far for the hardware
     // prefetchers: ask for the next block while this one is computed.
     for (std::int64_t j = j0 + BN; j < std::min(j0 + 2 * BN, last.end); ++j) {
-      prefetch_row(p.k + p.sk.offset(b, span.kv_begin + j, hk), dqk);
-      prefetch_row(p.v + p.sv.offset(b, span.kv_begin + j, hk), dv);
+      prefetch_row(p.k_row(b, span, j, hk), dqk);
+      prefetch_row(p.v_row(b, span, j, hk), dv);
     }
     gemm<S, Tr::mr, Tr::nv>(n, mp, dqk, MatA{kblk, dqk, 1}, qt, BM, st, BM, false);
 
