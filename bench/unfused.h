@@ -6,6 +6,11 @@
 // Training keeps P of every head; backward then runs, per head,
 //   dV += P^T dO,  dP = dO V^T,  dS = P o (dP - rowsum(dP o P)),
 //   dQ = scale * dS K,  dK += scale * dS^T Q          (cblas_sgemm; += over a GQA group).
+// Heads run one per OpenMP thread with OpenBLAS single-threaded, the usual way
+// to run many independent GEMMs: a threaded sgemm per head next to an OpenMP
+// softmax makes the two thread pools spin against each other on the cores
+// (measured: 10-100x slower on small heads). Backward tasks are (batch, kv head)
+// so that a GQA group's dK/dV accumulate in order, without atomics.
 // The work is never reduced by the mask: the full score matrix is computed, as
 // in the code this baseline stands for. Its extra memory grows with Sq*Sk.
 //
@@ -33,8 +38,8 @@ class UnfusedAttention {
   explicit UnfusedAttention(const AttentionSpec& spec);
 
   // out: spec.layout, (.., H, Dv), f32. With keep_probs, P of every (batch,
-  // head) is kept for backward() (B*H*Sq*Sk floats); without, one head's
-  // Sq x Sk buffer is reused. Inputs are validated (attend::validate_inputs).
+  // head) is kept for backward() (B*H*Sq*Sk floats); without, one Sq x Sk
+  // buffer per thread is reused. Inputs are validated (attend::validate_inputs).
   void forward(const Inputs& in, const TensorView& out, bool keep_probs);
 
   // Needs a preceding forward(..., keep_probs = true) on the same inputs.
@@ -42,11 +47,13 @@ class UnfusedAttention {
   void backward(const Inputs& in, const TensorView& dout, const TensorView& dq, const TensorView& dk,
                 const TensorView& dv);
 
-  // Scratch bytes of a pass: forward, one head's score matrix; backward, the
-  // kept probabilities of every head plus one head's dP.
+  // Scratch bytes of a pass: forward, one score matrix per thread; backward,
+  // the kept probabilities of every head plus one dP per thread.
   std::size_t extra_bytes(Pass pass) const;
 
   const AttentionSpec& spec() const { return spec_; }
+  // OpenMP threads the baseline runs on (omp_get_max_threads() at construction).
+  int threads() const { return threads_; }
 
  private:
   float* buffer(std::unique_ptr<float[]>& buf, std::size_t& have, std::size_t need, const char* what);
@@ -55,6 +62,7 @@ class UnfusedAttention {
   std::unique_ptr<float[]> scores_, probs_, dprobs_;
   std::size_t scores_n_ = 0, probs_n_ = 0, dprobs_n_ = 0;
   bool have_probs_ = false;
+  int threads_ = 1;
 };
 
 }  // namespace attend::bench

@@ -60,6 +60,13 @@ std::vector<ErrorStats> check_against_reference(const Problem& p, const ProblemD
   d64.slopes = data.slopes;
   d64.cu_seqlens_q = data.cu_seqlens_q;
   d64.cu_seqlens_kv = data.cu_seqlens_kv;
+  if (data.k_pool.defined()) {  // the same pages in f64, the same block table
+    d64.k_pool = convert(data.k_pool, DType::f64);
+    d64.v_pool = convert(data.v_pool, DType::f64);
+    d64.block_table = data.block_table;
+    d64.cache_seqlens = data.cache_seqlens;
+    d64.cache_leftpad = data.cache_leftpad;
+  }
   const attend::Inputs in = d64.inputs();
 
   attend::Tensor out = zeros(DType::f64, out_shape(s64));

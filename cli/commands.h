@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "problem_flags.h"
 
@@ -37,5 +38,21 @@ struct RunCommand {
 CLI::App* add_run_command(CLI::App& app, RunCommand& cmd);
 // `sub` is the parsed subcommand (to tell "no flags at all" from defaults).
 int run_run(RunCommand& cmd, const CLI::App& sub);
+
+// attend bench: flash vs the unfused OpenBLAS baseline (and the reference) next
+// to a measured sgemm peak. Built only with ATTEND_BUILD_BENCH (ATTEND_CLI_BENCH).
+struct BenchCommand {
+  ProblemFlags problem;  // add_bench_command sets the target shape as the defaults
+  std::vector<std::int64_t> seqlens;  // each sets seqlen_q = seqlen_kv
+  bool causal_sweep = false, summary = false, force_reference = false;
+  std::vector<std::string> impls{"flash", "unfused"};
+  std::vector<std::string> passes{"forward", "backward"};
+  double min_time = 0.5;
+  std::int64_t sgemm_n = 2048;
+  std::uint64_t data_seed = 1;
+  std::string csv_path, json_path;
+};
+CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd);
+int run_bench(BenchCommand& cmd, const CLI::App& sub);
 
 }  // namespace attend_cli

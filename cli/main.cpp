@@ -26,11 +26,18 @@ int main(int argc, char** argv) {
   RunCommand run_cmd;
   CLI::App* select_app = add_select_command(app, select_cmd);
   CLI::App* run_app = add_run_command(app, run_cmd);
+#ifdef ATTEND_CLI_BENCH
+  BenchCommand bench_cmd;
+  CLI::App* bench_app = add_bench_command(app, bench_cmd);
+#endif
 
   try {
     app.parse(argc, argv);
     if (select_app->parsed()) return run_select(select_cmd);
     if (run_app->parsed()) return run_run(run_cmd, *run_app);
+#ifdef ATTEND_CLI_BENCH
+    if (bench_app->parsed()) return run_bench(bench_cmd, *bench_app);
+#endif
     return kExitUsage;
   } catch (const CLI::ParseError& e) {
     // --help and --version arrive here too, with exit code 0.

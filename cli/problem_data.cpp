@@ -1,10 +1,12 @@
 #include "problem_data.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 
 #include "attend/error.h"
+#include "attend/kvcache.h"
 #include "attend/npy.h"
 #include "elements.h"
 
@@ -80,6 +82,35 @@ Tensor cu_seqlens(const std::vector<std::int64_t>& lens, const char* what) {
   return t;
 }
 
+// --kv-cache: the tokens (random or from --k/--v as (B, max cached, Hkv, D))
+// are appended to an attend::KVCache, sequence b getting its first cache_lens[b].
+void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
+  const AttentionSpec& s = p.spec;
+  if (s.dtype != DType::f32) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--dtype", std::string(attend::to_string(s.dtype)),
+                        "the KV cache stores f32");
+  }
+  const std::int64_t stored = std::max<std::int64_t>(1, *std::max_element(p.cache_lens.begin(), p.cache_lens.end()));
+  d.k = input(src.k, "k", s.dtype, {s.batch, stored, s.heads_kv, s.head_dim_qk}, src.seed, 2);
+  d.v = input(src.v, "v", s.dtype, {s.batch, stored, s.heads_kv, s.head_dim_v}, src.seed, 3);
+  attend::KVCacheConfig c;
+  c.batch = s.batch;
+  c.heads_kv = s.heads_kv;
+  c.head_dim_qk = s.head_dim_qk;
+  c.head_dim_v = s.head_dim_v;
+  c.max_seqlen = stored;
+  c.page_size = s.kv_page_size;
+  attend::KVCache cache(c);
+  cache.append(d.k, d.v, p.cache_lens);
+  for (std::int64_t b = 0; b < s.batch; ++b) cache.set_leftpad(b, p.cache_pads[static_cast<std::size_t>(b)]);
+  // Tensors share storage: these keep the pages alive after the cache object goes.
+  d.k_pool = cache.k_pages();
+  d.v_pool = cache.v_pages();
+  d.block_table = cache.block_table();
+  d.cache_seqlens = cache.seqlens();
+  if (s.kv_leftpad) d.cache_leftpad = cache.leftpads();
+}
+
 }  // namespace
 
 Shape q_shape(const AttentionSpec& s) { return token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk); }
@@ -118,6 +149,13 @@ attend::Inputs ProblemData::inputs() const {
   if (slopes.defined()) in.alibi_slopes = slopes;
   if (cu_seqlens_q.defined()) in.cu_seqlens_q = cu_seqlens_q;
   if (cu_seqlens_kv.defined()) in.cu_seqlens_kv = cu_seqlens_kv;
+  if (k_pool.defined()) {
+    in.k = k_pool;
+    in.v = v_pool;
+    in.block_table = block_table;
+    in.cache_seqlens = cache_seqlens;
+    if (cache_leftpad.defined()) in.cache_leftpad = cache_leftpad;
+  }
   return in;
 }
 
@@ -125,8 +163,12 @@ ProblemData make_data(const Problem& p, const DataSources& src) {
   const AttentionSpec& s = p.spec;
   ProblemData d;
   d.q = input(src.q, "q", s.dtype, q_shape(s), src.seed, 1);
-  d.k = input(src.k, "k", s.dtype, k_shape(s), src.seed, 2);
-  d.v = input(src.v, "v", s.dtype, v_shape(s), src.seed, 3);
+  if (s.paged()) {
+    fill_kv_cache(p, src, d);
+  } else {
+    d.k = input(src.k, "k", s.dtype, k_shape(s), src.seed, 2);
+    d.v = input(src.v, "v", s.dtype, v_shape(s), src.seed, 3);
+  }
   if (src.need_dout) d.dout = input(src.dout, "dout", s.dtype, out_shape(s), src.seed, 4);
   if (s.has_bias) {
     d.bias = zeros(s.dtype, {p.bias_batch, p.bias_heads, s.seqlen_q, s.seqlen_kv});

@@ -36,6 +36,9 @@ struct DataSources {
 
 struct ProblemData {
   attend::Tensor q, k, v, dout, bias, slopes, cu_seqlens_q, cu_seqlens_kv;
+  // spec.paged(): k and v above are the dense tokens appended to an
+  // attend::KVCache (B, max cached, Hkv, D); the kernels read its pages.
+  attend::Tensor k_pool, v_pool, block_table, cache_seqlens, cache_leftpad;
   attend::Inputs inputs() const;
 };
 

@@ -46,6 +46,15 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
       ->delimiter(',')->check(non_negative_int())->group(g);
   app.add_option("--varlen-kv", f.varlen_kv, "per-sequence key lengths, e.g. 4,0,6 (thd layout)")
       ->delimiter(',')->check(non_negative_int())->group(g);
+  app.add_flag("--kv-cache", f.kv_cache,
+               "K/V live in a paged attend::KVCache (inference): --seqlen-kv tokens per sequence, "
+               "queries attend bottom-right aligned to each sequence's length")->group(g);
+  app.add_option("--page-size", f.page_size, "tokens per KV-cache page, a power of two")->check(pos)->group(g)
+      ->capture_default_str();
+  app.add_option("--cache-seqlens", f.cache_seqlens, "per-sequence cached tokens, e.g. 900,17 [--seqlen-kv each]")
+      ->delimiter(',')->check(non_negative_int())->group(g);
+  app.add_option("--cache-leftpad", f.cache_leftpad, "per-sequence left padding of the cache, e.g. 0,5")
+      ->delimiter(',')->check(non_negative_int())->group(g);
   app.add_flag("--deterministic", f.deterministic, "bitwise reproducible backward")->group(g);
   app.add_flag("--no-lse", f.no_lse, "do not return the log-sum-exp")->group(g);
 
@@ -103,6 +112,30 @@ void set_varlen(const ProblemFlags& f, Problem& p) {
   s.total_kv = std::accumulate(p.lens_kv.begin(), p.lens_kv.end(), std::int64_t{0});
 }
 
+void set_kv_cache(const ProblemFlags& f, Problem& p) {
+  auto& s = p.spec;
+  const auto fail = [](const char* field, const std::string& value, const std::string& why) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, field, value, why);
+  };
+  if (s.varlen()) fail("--kv-cache", "set", "queries over a KV cache are dense: drop --varlen-q/--varlen-kv");
+  if (f.bias != "none") fail("--bias", f.bias, "a bias is not supported with --kv-cache");
+  if ((f.page_size & (f.page_size - 1)) != 0) fail("--page-size", std::to_string(f.page_size), "must be a power of two");
+  const std::size_t n = static_cast<std::size_t>(s.batch);
+  p.cache_lens = f.cache_seqlens.empty() ? std::vector<std::int64_t>(n, s.seqlen_kv) : f.cache_seqlens;
+  p.cache_pads = f.cache_leftpad.empty() ? std::vector<std::int64_t>(n, 0) : f.cache_leftpad;
+  if (p.cache_lens.size() != n) fail("--cache-seqlens", std::to_string(p.cache_lens.size()) + " lengths", "needs one per sequence (--batch)");
+  if (p.cache_pads.size() != n) fail("--cache-leftpad", std::to_string(p.cache_pads.size()) + " values", "needs one per sequence (--batch)");
+  s.seqlen_kv = 0;
+  for (std::size_t b = 0; b < n; ++b) {
+    if (p.cache_pads[b] > p.cache_lens[b]) {
+      fail("--cache-leftpad", std::to_string(p.cache_pads[b]), "exceeds sequence " + std::to_string(b) + "'s cached tokens");
+    }
+    s.seqlen_kv = std::max(s.seqlen_kv, p.cache_lens[b] - p.cache_pads[b]);
+    s.kv_leftpad = s.kv_leftpad || p.cache_pads[b] > 0;
+  }
+  s.kv_page_size = f.page_size;
+}
+
 void apply_policy(const ProblemFlags& f, attend::Policy& policy) {
   const auto registered = [] {
     std::string names;
@@ -155,6 +188,12 @@ Problem make_problem(const ProblemFlags& f) {
     }
   }
   if (!f.varlen_q.empty() || !f.varlen_kv.empty()) set_varlen(f, p);
+  if (f.kv_cache) {
+    set_kv_cache(f, p);
+  } else if (!f.cache_seqlens.empty() || !f.cache_leftpad.empty()) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--cache-seqlens", "given",
+                        "--cache-seqlens/--cache-leftpad describe a KV cache: add --kv-cache");
+  }
   if (f.scale_opt->count() > 0) s.scale = f.scale;
   s.causal = f.causal;
   if (!f.window.empty()) {
@@ -181,13 +220,32 @@ Problem make_problem(const ProblemFlags& f) {
   s.dropout_seed = f.seed;
   s.deterministic = f.deterministic;
   s.need_lse = !f.no_lse;
-  p.mode = f.inference ? attend::Mode::inference : attend::Mode::training;
+  // A KV cache is inference-only, so --kv-cache defaults to --inference; an
+  // explicit --training then fails selection with every backend's reason.
+  p.mode = (f.inference || (f.kv_cache && !f.training)) ? attend::Mode::inference : attend::Mode::training;
   attend::validate(s);
 
   p.policy = attend::Policy::from_env();
   apply_policy(f, p.policy);
   return p;
 }
+
+ProblemParser::ProblemParser() : app_(std::make_unique<CLI::App>("problem flags", "attend")) {
+  add_problem_flags(*app_, flags_);
+  defaults_ = flags_;  // the values (and option handles) before any parse
+}
+
+ProblemParser::~ProblemParser() = default;
+
+Problem ProblemParser::parse(std::vector<std::string> args) {
+  flags_ = defaults_;
+  app_->clear();
+  std::reverse(args.begin(), args.end());  // CLI11 consumes the vector from the back
+  app_->parse(args);
+  return make_problem(flags_);
+}
+
+Problem parse_problem_args(std::vector<std::string> args) { return ProblemParser().parse(std::move(args)); }
 
 std::string describe_mode(attend::Mode mode) {
   return mode == attend::Mode::training ? "training (forward and backward must be supported)"

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ struct ProblemFlags {
   bool causal = false, alibi = false, bias_grad = false, deterministic = false, no_lse = false;
   bool training = false, inference = false;
   std::vector<std::int64_t> varlen_q, varlen_kv;
+  // KV cache: K/V in an attend::KVCache (paged), queries attend over it.
+  bool kv_cache = false;
+  std::int64_t page_size = 64;
+  std::vector<std::int64_t> cache_seqlens, cache_leftpad;
   std::string backend;
   std::vector<std::string> disable;
 
@@ -46,11 +51,28 @@ struct Problem {
   attend::Policy policy;
   std::vector<std::int64_t> lens_q, lens_kv;  // varlen: per-sequence lengths
   std::int64_t bias_batch = 0, bias_heads = 0;  // has_bias: leading dims of bias (1|B, 1|H)
+  std::vector<std::int64_t> cache_lens, cache_pads;  // spec.paged(): stored tokens and left padding per sequence
 };
 
 // Builds and validates the problem; throws attend::Error (bad values, unknown
 // --backend) or CLI::ValidationError (malformed flag text).
 Problem make_problem(const ProblemFlags& flags);
+
+// Parses argument lists (problem flags only: no program or subcommand name) as
+// every subcommand does, then make_problem. Throws CLI::ParseError for malformed
+// flags, attend::Error for invalid problems. For tests and the fuzz target: one
+// parser serves many lists, each parsed from the defaults as a fresh tool would.
+class ProblemParser {
+ public:
+  ProblemParser();
+  ~ProblemParser();
+  Problem parse(std::vector<std::string> args);
+
+ private:
+  std::unique_ptr<CLI::App> app_;
+  ProblemFlags flags_, defaults_;
+};
+Problem parse_problem_args(std::vector<std::string> args);
 
 // "training" or "inference", with what the mode requires.
 std::string describe_mode(attend::Mode mode);

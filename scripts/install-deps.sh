@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages attend needs to build, test and benchmark.
 # Idempotent: does nothing when everything is already installed.
+# (scripts/test-hardening.sh adds clang, compiler-rt, libomp and llvm for its
+# sanitizer and fuzz builds; the default path does not need them.)
 set -euo pipefail
 
 packages=(
@@ -9,6 +11,8 @@ packages=(
   libbenchmark-dev               # Google Benchmark
   libopenblas-dev                # sgemm baseline for benchmarks
   libcli11-dev                   # command-line parsing
+  # attend.torch (python/): Debian's PyTorch is for /usr/bin/python3
+  python3-dev python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
 )
 
 missing=()

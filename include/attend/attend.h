@@ -5,6 +5,7 @@
 #include "attend/backend.h"
 #include "attend/dtype.h"
 #include "attend/error.h"
+#include "attend/kvcache.h"
 #include "attend/registry.h"
 #include "attend/select.h"
 #include "attend/spec.h"

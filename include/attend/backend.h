@@ -51,6 +51,11 @@ struct Inputs {
   TensorView alibi_slopes;  // spec.alibi: (H) or (B,H), f32
   TensorView cu_seqlens_q;  // varlen: (B+1) i32, cu[0]=0, non-decreasing, cu[B] <= total_q
   TensorView cu_seqlens_kv; // varlen: (B+1) i32, likewise against total_kv
+  // Paged K/V (spec.kv_page_size > 0); k and v are then (pages, page_size, Hkv, D) pools.
+  // (Braced defaults keep older aggregate initialisations of Inputs warning-free.)
+  TensorView block_table{}; // (B, max_pages) i32: page ids of each sequence, in token order
+  TensorView cache_seqlens{}; // (B) i32: sequence b's keys end at token cache_seqlens[b]
+  TensorView cache_leftpad{}; // spec.kv_leftpad: (B) i32, its keys start at token cache_leftpad[b]
 };
 
 // Caller-provided scratch memory, at least Backend::workspace_bytes. Optional:

@@ -61,6 +61,12 @@ struct Selection {
 Selection select(const AttentionSpec& spec, Mode mode);
 Selection select(const AttentionSpec& spec, Mode mode, const Policy& policy);
 
+// The same verdicts as select(), but never throws for "nothing fits": the
+// returned Selection then has a null backend (explain() and to_json() still
+// render every verdict). Not cached. For tools and bindings that show the table
+// before (or instead of) running. Still throws for an invalid spec or policy.
+Selection evaluate(const AttentionSpec& spec, Mode mode, const Policy& policy);
+
 // Drops all cached selections (also done by set_policy and registry changes).
 void clear_selection_cache();
 

@@ -68,7 +68,18 @@ struct AttentionSpec {
   bool need_lse = true;         // write LSE (always kept internally for training)
   bool deterministic = false;   // backward must be bitwise identical across thread counts
 
+  // --- paged K/V (a KV cache; inference) ---------------------------------------
+  // > 0: k and v are page pools shaped (pages, kv_page_size, heads_kv, dim), whatever
+  // the layout of q/out (which must be dense: bshd, bhsd or sbhd). Sequence b's token t
+  // is row t % kv_page_size of page block_table[b, t / kv_page_size]; its keys are the
+  // tokens [cache_leftpad[b] (0 without kv_leftpad), cache_seqlens[b]), re-indexed from
+  // 0, so masks and ALiBi align to each sequence's own key count. seqlen_kv is then the
+  // largest key count of any sequence. 0: k/v are ordinary tensors in `layout`.
+  std::int64_t kv_page_size = 0;
+  bool kv_leftpad = false;      // paged only: cache_leftpad is given
+
   bool varlen() const { return layout == Layout::thd; }
+  bool paged() const { return kv_page_size > 0; }
   double effective_scale() const;
   // The window after FlashAttention's normalisation: causal forces right = 0.
   std::int64_t effective_window_right() const { return causal ? 0 : window_right; }

@@ -84,6 +84,18 @@ struct ScopedWorkspace {
   }
 };
 
+// A kernel's own allocations (task lists, per-call buffers) may fail too; the
+// caller gets an attend::Error, whichever backend it was, never std::bad_alloc.
+template <typename Fn>
+void with_alloc_errors(const Backend& backend, Pass pass, Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::out_of_memory, "backend", std::string(backend.name()),
+                std::string(to_string(pass)) + " could not allocate its buffers");
+  }
+}
+
 }  // namespace
 
 void Backend::forward(const ForwardArgs& args) const {
@@ -92,7 +104,7 @@ void Backend::forward(const ForwardArgs& args) const {
   const ScopedWorkspace scratch(*this, args.spec, Pass::forward, args.workspace);
   ForwardArgs run = args;
   run.workspace = scratch.ws;
-  run_forward(run);
+  with_alloc_errors(*this, Pass::forward, [&] { run_forward(run); });
 }
 
 void Backend::backward(const BackwardArgs& args) const {
@@ -101,7 +113,7 @@ void Backend::backward(const BackwardArgs& args) const {
   const ScopedWorkspace scratch(*this, args.spec, Pass::backward, args.workspace);
   BackwardArgs run = args;
   run.workspace = scratch.ws;
-  run_backward(run);
+  with_alloc_errors(*this, Pass::backward, [&] { run_backward(run); });
 }
 
 }  // namespace attend

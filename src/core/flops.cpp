@@ -5,6 +5,7 @@
 
 #include "attend/error.h"
 #include "core/checked.h"
+#include "core/layout.h"
 #include "core/semantics.h"
 
 namespace attend::detail {
@@ -21,6 +22,14 @@ std::int64_t visible_pairs(const AttentionSpec& spec, std::int64_t sq, std::int6
 }
 
 std::int64_t visible_pairs(const AttentionSpec& spec, const Inputs& in) {
+  if (spec.paged()) {
+    std::int64_t total = 0;
+    for (std::int64_t b = 0; b < spec.batch; ++b) {
+      const SeqSpan sp = sequence_span(spec, in, b);
+      total = checked_add(total, visible_pairs(spec, sp.q_len, std::max<std::int64_t>(sp.kv_len, 0)), "visible pairs");
+    }
+    return total;
+  }
   if (!spec.varlen()) {
     return checked_mul(spec.batch, visible_pairs(spec, spec.seqlen_q, spec.seqlen_kv), "visible pairs");
   }

@@ -19,12 +19,26 @@ TokenStrides lse_strides(const TensorView& lse, Layout layout) {
 }
 
 SeqSpan sequence_span(const AttentionSpec& spec, const Inputs& in, std::int64_t b) {
+  if (spec.paged()) {
+    const std::int64_t end = in.cache_seqlens.as<const std::int32_t>()[b * in.cache_seqlens.strides[0]];
+    const std::int64_t begin =
+        spec.kv_leftpad ? in.cache_leftpad.as<const std::int32_t>()[b * in.cache_leftpad.strides[0]] : 0;
+    return {0, spec.seqlen_q, begin, end - begin};
+  }
   if (!spec.varlen()) return {0, spec.seqlen_q, 0, spec.seqlen_kv};
   const auto* cq = in.cu_seqlens_q.as<const std::int32_t>();
   const auto* ck = in.cu_seqlens_kv.as<const std::int32_t>();
   const std::int64_t sq = in.cu_seqlens_q.strides[0], sk = in.cu_seqlens_kv.strides[0];
   return {cq[b * sq], cq[(b + 1) * sq] - cq[b * sq], ck[b * sk], ck[(b + 1) * sk] - ck[b * sk]};
 }
+
+PageTable page_table(const AttentionSpec& spec, const Inputs& in) {
+  if (!spec.paged()) return {};
+  const TensorView& bt = in.block_table;
+  return {bt.as<const std::int32_t>(), bt.strides[0], bt.strides[1], spec.kv_page_size};
+}
+
+TokenStrides pool_strides(const TensorView& pool) { return {pool.strides[0], pool.strides[1], pool.strides[2]}; }
 
 BiasStrides bias_strides(const TensorView& bias) {
   return {bias.shape[0] == 1 ? 0 : bias.strides[0], bias.shape[1] == 1 ? 0 : bias.strides[1],

@@ -25,10 +25,28 @@ TokenStrides token_strides(const TensorView& t, Layout layout);
 TokenStrides lse_strides(const TensorView& lse, Layout layout);
 
 // Where sequence b lives: its first packed row (0 for dense layouts) and length.
+// Paged K/V: kv_begin = cache_leftpad[b] (or 0), kv_len = cache_seqlens[b] - kv_begin.
 struct SeqSpan {
   std::int64_t q_begin = 0, q_len = 0, kv_begin = 0, kv_len = 0;
 };
 SeqSpan sequence_span(const AttentionSpec& spec, const Inputs& in, std::int64_t b);
+
+// Paged K/V (spec.kv_page_size > 0): storage row t of sequence b (t counts from
+// the start of its block-table row, i.e. kv_begin + key index) is row
+// t % page_size of page table[b, t / page_size]. Pool strides: `b` between pages,
+// `s` between rows of a page, `h` between heads. Null table: not paged.
+struct PageTable {
+  const std::int32_t* table = nullptr;
+  std::int64_t row_stride = 0, col_stride = 1, page_size = 0;
+  bool paged() const { return table != nullptr; }
+  std::int64_t offset(const TokenStrides& pool, std::int64_t b, std::int64_t t, std::int64_t h) const {
+    const std::int64_t page = table[b * row_stride + (t / page_size) * col_stride];
+    return page * pool.b + (t % page_size) * pool.s + h * pool.h;
+  }
+};
+PageTable page_table(const AttentionSpec& spec, const Inputs& in);
+// Strides of a (pages, page_size, heads, dim) pool as TokenStrides {page, row, head}.
+TokenStrides pool_strides(const TensorView& pool);
 
 // Strides of the bias (or dbias) tensor (Bb, Hb, Sq, Sk); a broadcast dim has stride 0.
 struct BiasStrides {

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
+#include "attend/backends/decode.h"
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
 #include "attend/error.h"
@@ -13,10 +16,30 @@ namespace attend {
 
 namespace {
 
-// Built-in backends and their default priorities (higher wins). The reference
-// backend is last: it can run everything, slowly, and is the fallback of record.
+// The built-in reference's score-memory budget: ATTEND_REFERENCE_MAX_BYTES (a
+// byte count) or ReferenceOptions' default. Read whenever the built-ins are
+// (re)built, so reset_to_builtins() picks up a changed value.
+ReferenceOptions builtin_reference_options() {
+  ReferenceOptions o;
+  if (const char* env = std::getenv("ATTEND_REFERENCE_MAX_BYTES"); env && *env) {
+    const std::string_view text(env);
+    std::uint64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || ptr != text.data() + text.size()) {
+      throw Error(ErrorCode::invalid_argument, "ATTEND_REFERENCE_MAX_BYTES", std::string(text),
+                  "expected a byte count (a non-negative decimal integer)");
+    }
+    o.max_score_bytes = static_cast<std::size_t>(v);
+  }
+  return o;
+}
+
+// Built-in backends and their default priorities (higher wins). decode comes
+// first: its check takes only inference-shaped problems (no backward, few query
+// rows), where it beats flash. The reference backend is last: it can run
+// everything, slowly, and is the fallback of record.
 std::vector<RegisteredBackend> builtin_backends() {
-  return {{make_flash_backend(), 100}, {make_reference_backend(), 0}};
+  return {{make_decode_backend(), 150}, {make_flash_backend(), 100}, {make_reference_backend(builtin_reference_options()), 0}};
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ void require_known(const std::vector<RegisteredBackend>& entries, const std::str
               "no registered backend has this name (registered: " + registered_names(entries) + ")");
 }
 
-std::shared_ptr<const Selection> compute(const AttentionSpec& spec, Mode mode, const Policy& policy) {
+std::shared_ptr<Selection> evaluate_all(const AttentionSpec& spec, Mode mode, const Policy& policy) {
   const std::vector<RegisteredBackend> entries = Registry::global().backends();
   if (policy.force) require_known(entries, *policy.force, "ATTEND_BACKEND");
   for (const auto& d : policy.disabled) require_known(entries, d, "ATTEND_DISABLE");
@@ -68,7 +68,11 @@ std::shared_ptr<const Selection> compute(const AttentionSpec& spec, Mode mode, c
     }
     sel->verdicts.push_back(std::move(v));
   }
+  return sel;
+}
 
+std::shared_ptr<const Selection> compute(const AttentionSpec& spec, Mode mode, const Policy& policy) {
+  std::shared_ptr<Selection> sel = evaluate_all(spec, mode, policy);
   if (!sel->backend) {
     const std::string what = policy.force
         ? "forced backend '" + *policy.force + "' cannot run this problem in " + std::string(to_string(mode)) + " mode"
@@ -111,6 +115,11 @@ std::shared_ptr<const Selection> select_shared(const AttentionSpec& spec, Mode m
 
 Selection select(const AttentionSpec& spec, Mode mode, const Policy& policy) {
   return *detail::select_shared(spec, mode, policy);
+}
+
+Selection evaluate(const AttentionSpec& spec, Mode mode, const Policy& policy) {
+  validate(spec);
+  return *evaluate_all(spec, mode, policy);
 }
 
 Selection select(const AttentionSpec& spec, Mode mode) { return select(spec, mode, current_policy()); }

@@ -24,8 +24,11 @@ inline KeyRange visible_keys(const AttentionSpec& spec, std::int64_t i, std::int
   const std::int64_t pos = i + sk - sq;
   const std::int64_t right = spec.effective_window_right();
   KeyRange r{0, sk};
-  if (spec.window_left >= 0) r.begin = std::max<std::int64_t>(0, pos - spec.window_left);
-  if (right >= 0) r.end = std::min<std::int64_t>(sk, pos + right + 1);
+  // Compared before subtracting/adding: a window may be as wide as INT64_MAX
+  // (validate() allows it), and pos - left or pos + right + 1 would overflow.
+  // sk - pos = sq - i >= 1, so neither comparison can.
+  if (spec.window_left >= 0) r.begin = spec.window_left >= pos ? 0 : pos - spec.window_left;
+  if (right >= 0) r.end = right >= sk - pos - 1 ? sk : pos + right + 1;
   return r;
 }
 

@@ -79,6 +79,12 @@ void validate(const AttentionSpec& s) {
   if (s.bias_requires_grad && !s.has_bias) {
     invalid("bias_requires_grad", "true", "requires has_bias");
   }
+  require_at_least(s.kv_page_size, 0, "kv_page_size");
+  if (s.paged() && s.varlen()) {
+    invalid("kv_page_size", std::to_string(s.kv_page_size),
+            "a paged K/V cache needs dense queries (layout bshd, bhsd or sbhd), not thd");
+  }
+  if (s.kv_leftpad && !s.paged()) invalid("kv_leftpad", "true", "requires a paged K/V cache (kv_page_size > 0)");
 
   // Every tensor the spec implies must have a representable byte size.
   const std::int64_t rows_q = s.varlen() ? s.total_q : detail::checked_mul(s.batch, s.seqlen_q, "q rows");
@@ -102,7 +108,8 @@ std::string signature(const AttentionSpec& s) {
      << s.total_kv << ',' << to_string(s.dtype) << ',' << to_string(s.layout) << ','
      << (s.scale ? num(*s.scale) : "-") << ',' << num(s.softcap) << ',' << s.alibi << s.has_bias
      << s.bias_requires_grad << s.causal << ',' << s.window_left << ',' << s.window_right << ','
-     << num(s.dropout_p) << ',' << s.need_lse << s.deterministic;
+     << num(s.dropout_p) << ',' << s.need_lse << s.deterministic << ',' << s.kv_page_size
+     << s.kv_leftpad;
   // The dropout seed changes data, never capability: it is not part of the key.
   return os.str();
 }
@@ -123,6 +130,7 @@ std::string describe(const AttentionSpec& s) {
   if (s.has_bias) os << (s.bias_requires_grad ? " bias(grad)" : " bias");
   if (s.dropout_p > 0) os << " dropout=" << num(s.dropout_p);
   if (s.deterministic) os << " deterministic";
+  if (s.paged()) os << " paged(" << s.kv_page_size << (s.kv_leftpad ? ",leftpad)" : ")");
   return os.str();
 }
 

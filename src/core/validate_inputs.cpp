@@ -108,6 +108,56 @@ void check_cu_seqlens(const char* name, const TensorView& cu, const AttentionSpe
   }
 }
 
+// Paged K/V: two page pools of the same page count, a block table, the
+// per-sequence key ends (and starts). Every page a sequence's keys touch must be
+// a valid page id, so kernels can follow the table without bounds checks.
+void check_paged(const AttentionSpec& s, const Inputs& in) {
+  const std::int64_t pages = in.k.defined() && in.k.ndim == 4 ? in.k.shape[0] : 0;
+  const std::int64_t ps = s.kv_page_size;
+  check_view("k", in.k, s.dtype, {pages, ps, s.heads_kv, s.head_dim_qk});
+  check_view("v", in.v, s.dtype, {pages, ps, s.heads_kv, s.head_dim_v});
+  const TensorView& bt = in.block_table;
+  const std::int64_t width = bt.defined() && bt.ndim == 2 ? bt.shape[1] : 0;
+  check_view("block_table", bt, DType::i32, {s.batch, width});
+  check_view("cache_seqlens", in.cache_seqlens, DType::i32, {s.batch});
+  if (s.kv_leftpad) {
+    check_view("cache_leftpad", in.cache_leftpad, DType::i32, {s.batch});
+  } else {
+    check_absent("cache_leftpad", in.cache_leftpad, "kv_leftpad");
+  }
+  const std::int64_t capacity = detail::checked_mul(width, ps, "block_table capacity");
+  const auto* table = bt.as<const std::int32_t>();
+  const auto field = [](const char* name, std::int64_t b) { return std::string(name) + "[" + std::to_string(b) + "]"; };
+  for (std::int64_t b = 0; b < s.batch; ++b) {
+    const std::int64_t end = in.cache_seqlens.as<const std::int32_t>()[b * in.cache_seqlens.strides[0]];
+    const std::int64_t begin =
+        s.kv_leftpad ? in.cache_leftpad.as<const std::int32_t>()[b * in.cache_leftpad.strides[0]] : 0;
+    if (end < 0 || end > capacity) {
+      throw Error(ErrorCode::invalid_argument, field("cache_seqlens", b), std::to_string(end),
+                  "must lie in [0, block_table columns * kv_page_size]", std::to_string(capacity));
+    }
+    if (begin < 0 || begin > end) {
+      throw Error(ErrorCode::invalid_argument, field("cache_leftpad", b), std::to_string(begin),
+                  "must lie in [0, cache_seqlens[b]]", std::to_string(end));
+    }
+    if (end - begin > s.seqlen_kv) {
+      throw Error(ErrorCode::invalid_argument, field("cache_seqlens", b), std::to_string(end),
+                  "sequence " + std::to_string(b) + " has " + std::to_string(end - begin) +
+                      " keys, above spec.seqlen_kv",
+                  std::to_string(s.seqlen_kv));
+    }
+    for (std::int64_t pg = begin / ps; pg < (end + ps - 1) / ps; ++pg) {
+      const std::int64_t id = table[b * bt.strides[0] + pg * bt.strides[1]];
+      if (id < 0 || id >= pages) {
+        throw Error(ErrorCode::invalid_argument,
+                    "block_table[" + std::to_string(b) + "][" + std::to_string(pg) + "]", std::to_string(id),
+                    "page id out of range for a pool of " + std::to_string(pages) + " pages",
+                    std::to_string(pages));
+      }
+    }
+  }
+}
+
 Dims lse_shape(const AttentionSpec& s) {
   return s.varlen() ? Dims{s.heads_q, s.total_q} : Dims{s.batch, s.heads_q, s.seqlen_q};
 }
@@ -119,8 +169,15 @@ DType lse_dtype(const AttentionSpec& s) { return s.dtype == DType::f64 ? DType::
 void validate_inputs(const AttentionSpec& s, const Inputs& in) {
   validate(s);
   check_view("q", in.q, s.dtype, token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk));
-  check_view("k", in.k, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_qk));
-  check_view("v", in.v, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_v));
+  if (s.paged()) {
+    check_paged(s, in);
+  } else {
+    check_view("k", in.k, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_qk));
+    check_view("v", in.v, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_v));
+    check_absent("block_table", in.block_table, "kv_page_size");
+    check_absent("cache_seqlens", in.cache_seqlens, "kv_page_size");
+    check_absent("cache_leftpad", in.cache_leftpad, "kv_leftpad");
+  }
   if (s.has_bias) {
     const TensorView& b = in.bias;
     if (b.defined() && b.ndim == 4) {
@@ -163,8 +220,13 @@ void validate_backward(const BackwardArgs& a) {
   check_view("lse", a.lse, lse_dtype(s), lse_shape(s));
   check_view("dout", a.dout, s.dtype, out_shape);
   check_view("dq", a.dq, s.dtype, token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk));
-  check_view("dk", a.dk, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_qk));
-  check_view("dv", a.dv, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_v));
+  if (s.paged()) {  // gradients of page pools have the pools' shapes
+    check_view("dk", a.dk, s.dtype, Dims(a.in.k.shape.begin(), a.in.k.shape.begin() + a.in.k.ndim));
+    check_view("dv", a.dv, s.dtype, Dims(a.in.v.shape.begin(), a.in.v.shape.begin() + a.in.v.ndim));
+  } else {
+    check_view("dk", a.dk, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_qk));
+    check_view("dv", a.dv, s.dtype, token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_v));
+  }
   if (s.bias_requires_grad) {
     const TensorView& b = a.in.bias;
     check_view("dbias", a.dbias, s.dtype, Dims(b.shape.begin(), b.shape.begin() + b.ndim));

@@ -36,6 +36,7 @@ class SelectTest : public ::testing::Test {
     // A controlled registry: the reference backend plus the test backend.
     Registry::global().reset_to_builtins();
     Registry::global().unregister_backend("flash");
+    Registry::global().unregister_backend("decode");
     set_policy(Policy{});
     fake = std::make_shared<ForwardOnlyMismatchBackend>();
     register_backend(fake, 50);

@@ -46,6 +46,10 @@ class FlashBackend final : public Backend {
     if (pass == Pass::backward) {
       sup.require(!s.bias_requires_grad, ReasonCode::bias_grad,
                   "bias_requires_grad=true: flash backward does not compute dbias");
+      // Forward reads a paged cache in place (prefill); a cache holds no gradients.
+      sup.require(!s.paged(), ReasonCode::layout,
+                  "kv_page_size=" + std::to_string(s.kv_page_size) +
+                      ": paged K/V (a KV cache) is inference-only, flash has no backward through it");
     }
     return sup;
   }

@@ -27,6 +27,16 @@ FlashParams common(const AttentionSpec& s, const Inputs& in) {
     p.bias = in.bias.as<const float>();
     p.sbias = detail::bias_strides(in.bias);
   }
+  if (s.paged()) {  // k/v are page pools: rows and heads inside a page, pages apart
+    const detail::PageTable pt = detail::page_table(s, in);
+    p.block_table = pt.table;
+    p.block_table_stride = pt.row_stride;
+    p.page_size = pt.page_size;
+    p.sk = detail::pool_strides(in.k);
+    p.sv = detail::pool_strides(in.v);
+    p.page_stride_k = p.sk.b;
+    p.page_stride_v = p.sv.b;
+  }
   p.alibi = s.alibi;
   if (s.dropout_p > 0) {
     p.dropout = true;

@@ -45,9 +45,10 @@ struct FlashParams {
   detail::DropoutMask dropout_mask;
   float dropout_scale = 1.0f;
 
-  // Paged K/V (a KV cache): token t of sequence b lives in page
-  // block_table[b * block_table_stride + t / page_size], row t % page_size of
-  // k/v tensors shaped (pages, page_size, heads_kv, dim). Null: dense/varlen.
+  // Paged K/V (a KV cache): storage row t of sequence b (key index + kv_begin,
+  // the left padding) lives in page block_table[b * block_table_stride + t / page_size],
+  // row t % page_size of k/v tensors shaped (pages, page_size, heads_kv, dim).
+  // Null: dense/varlen.
   const std::int32_t* block_table = nullptr;
   std::int64_t block_table_stride = 0, page_size = 0;
   std::int64_t page_stride_k = 0, page_stride_v = 0;  // floats between pages
@@ -55,11 +56,11 @@ struct FlashParams {
   detail::SeqSpan span(std::int64_t b) const { return detail::sequence_span(*spec, *in, b); }
   // Row `t` (sequence-local) of K / V for kv head hk of sequence b.
   const float* k_row(std::int64_t b, const detail::SeqSpan& s, std::int64_t t, std::int64_t hk) const {
-    if (block_table) return k + paged_offset(b, t, page_stride_k, sk, hk);
+    if (block_table) return k + paged_offset(b, s.kv_begin + t, page_stride_k, sk, hk);
     return k + sk.offset(b, s.kv_begin + t, hk);
   }
   const float* v_row(std::int64_t b, const detail::SeqSpan& s, std::int64_t t, std::int64_t hk) const {
-    if (block_table) return v + paged_offset(b, t, page_stride_v, sv, hk);
+    if (block_table) return v + paged_offset(b, s.kv_begin + t, page_stride_v, sv, hk);
     return v + sv.offset(b, s.kv_begin + t, hk);
   }
   std::int64_t paged_offset(std::int64_t b, std::int64_t t, std::int64_t page_stride, const detail::TokenStrides& st,

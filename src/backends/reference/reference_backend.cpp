@@ -22,6 +22,11 @@ class ReferenceBackend final : public Backend {
     s.require(
         computed, ReasonCode::dtype,
         "dtype=" + std::string(to_string(spec.dtype)) + " is not computed by reference (f32, f64 only)");
+    if (pass == Pass::backward) {
+      s.require(!spec.paged(), ReasonCode::layout,
+                "kv_page_size=" + std::to_string(spec.kv_page_size) +
+                    ": paged K/V (a KV cache) is inference-only, reference has no backward through it");
+    }
     const reference::ScratchPlan plan = reference::plan_scratch(spec, pass, options_.accumulate_f64);
     if (plan.overflow) {
       s.require(false, ReasonCode::memory,

@@ -161,6 +161,7 @@ struct Problem {
   const AttentionSpec* spec = nullptr;
   const T *q = nullptr, *k = nullptr, *v = nullptr, *bias = nullptr;
   detail::TokenStrides qs, ks, vs;
+  detail::PageTable pages;  // paged K/V: ks/vs are then the pools' strides
   detail::BiasStrides bs;
   std::vector<detail::SeqSpan> spans;  // per sequence
   std::vector<double> slopes;          // per (b, h); 0 without ALiBi
@@ -188,6 +189,11 @@ struct Problem {
         group(s.group_size()),
         dqk(s.head_dim_qk),
         dv(s.head_dim_v) {
+    if (s.paged()) {
+      pages = detail::page_table(s, in);
+      ks = detail::pool_strides(in.k);
+      vs = detail::pool_strides(in.v);
+    }
     if (s.has_bias) {
       bias = in.bias.as<const T>();
       bs = detail::bias_strides(in.bias);
@@ -201,9 +207,11 @@ struct Problem {
     return detail::visible_keys(*spec, i, spans[b].q_len, spans[b].kv_len);
   }
   const T* k_row(std::int64_t b, std::int64_t j, std::int64_t kvh) const {
+    if (pages.paged()) return k + pages.offset(ks, b, spans[b].kv_begin + j, kvh);
     return k + ks.offset(b, spans[b].kv_begin + j, kvh);
   }
   const T* v_row(std::int64_t b, std::int64_t j, std::int64_t kvh) const {
+    if (pages.paged()) return v + pages.offset(vs, b, spans[b].kv_begin + j, kvh);
     return v + vs.offset(b, spans[b].kv_begin + j, kvh);
   }
 };

@@ -1,0 +1,303 @@
+#include "harness.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <ostream>
+#include <span>
+
+#include "attend/backends/flash.h"
+#include "attend/backends/reference.h"
+#include "attend/error.h"
+#include "core/flops.h"
+#include "unfused.h"
+
+namespace attend::bench {
+
+namespace {
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// q's shape with the last (feature) dimension replaced: out and dout.
+Tensor zeros_with_last(const TensorView& like, std::int64_t last) {
+  std::array<std::int64_t, TensorView::kMaxDims> shape = like.shape;
+  shape[static_cast<std::size_t>(like.ndim - 1)] = last;
+  return Tensor::zeros(DType::f32, std::span<const std::int64_t>(shape.data(), static_cast<std::size_t>(like.ndim)));
+}
+
+Tensor lse_tensor(const AttentionSpec& s) {
+  const DType t = s.dtype == DType::f64 ? DType::f64 : DType::f32;
+  return s.varlen() ? Tensor::zeros(t, {s.heads_q, s.total_q}) : Tensor::zeros(t, {s.batch, s.heads_q, s.seqlen_q});
+}
+
+// Workspace handed to the backends, 64-byte aligned (a cache line, the widest
+// vector), allocated once per measurement so that no timed call allocates.
+class Scratch {
+ public:
+  explicit Scratch(std::size_t bytes) : bytes_(bytes) {
+    if (bytes_ == 0) return;
+    data_.reset(static_cast<std::byte*>(std::aligned_alloc(64, (bytes_ + 63) / 64 * 64)));
+    if (!data_) {
+      throw Error(ErrorCode::out_of_memory, "workspace.bytes", std::to_string(bytes_), "allocation failed");
+    }
+  }
+  Workspace workspace() const { return {data_.get(), bytes_}; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::size_t bytes_;
+  std::unique_ptr<std::byte, Free> data_;
+};
+
+std::int64_t attention_work(const AttentionSpec& s) {
+  return s.batch * s.heads_q * s.seqlen_q * s.seqlen_kv;
+}
+
+// What the harness will run of one (problem, impl): the passes, in order.
+struct Planned {
+  std::size_t problem = 0;
+  Impl impl = Impl::flash;
+  std::vector<Pass> passes;
+};
+
+class Runner {
+ public:
+  Runner(const HarnessOptions& options, Report& report)
+      : opt_(options), report_(report), flash_(make_flash_backend()), reference_(make_reference_backend()) {}
+
+  std::vector<Planned> plan(const std::vector<AttentionSpec>& problems) {
+    std::vector<Planned> plan;
+    for (std::size_t i = 0; i < problems.size(); ++i) {
+      const AttentionSpec& s = problems[i];
+      validate(s);
+      for (const Impl impl : opt_.impls) {
+        Planned p{i, impl, {}};
+        if (impl == Impl::reference && attention_work(s) > opt_.reference_max_work && !opt_.force_reference) {
+          report_.notes.push_back("reference skipped for " + problem_label(s) + ": B*H*Sq*Sk = " +
+                                  std::to_string(attention_work(s)) + " exceeds " +
+                                  std::to_string(opt_.reference_max_work) + " (request it with --force-reference)");
+          continue;
+        }
+        if (impl == Impl::unfused && !UnfusedAttention::check(s).ok()) {  // the same for every pass
+          report_.notes.push_back("unfused skipped for " + problem_label(s) + ": " +
+                                  UnfusedAttention::check(s).to_string());
+          continue;
+        }
+        for (const Pass pass : opt_.passes) {
+          const std::string why = unsupported(impl, s, pass);
+          if (why.empty()) {
+            p.passes.push_back(pass);
+          } else {
+            report_.notes.push_back(std::string(to_string(impl)) + " " + std::string(to_string(pass)) +
+                                    " skipped for " + problem_label(s) + ": " + why);
+          }
+        }
+        total_ += static_cast<int>(p.passes.size());
+        if (!p.passes.empty()) plan.push_back(std::move(p));
+      }
+    }
+    return plan;
+  }
+
+  void run(const AttentionSpec& s, const ProblemTensors& data, const Planned& p) {
+    const Inputs in = data.inputs();
+    const std::int64_t pairs = detail::visible_pairs(s, in);
+    if (p.impl == Impl::unfused) {
+      run_unfused(s, data, in, pairs, p.passes);
+    } else {
+      run_backend(p.impl == Impl::flash ? *flash_ : *reference_, p.impl, s, data, in, pairs, p.passes);
+    }
+  }
+
+ private:
+  // flash / reference: the backend's own check (unfused is checked once, in plan()).
+  std::string unsupported(Impl impl, const AttentionSpec& s, Pass pass) const {
+    if (impl == Impl::unfused) return "";
+    const Backend& b = impl == Impl::flash ? *flash_ : *reference_;
+    const Support fwd = b.check(s, Pass::forward);
+    if (!fwd.ok()) return fwd.to_string();  // backward also needs the forward's outputs
+    const Support sup = b.check(s, pass);
+    return sup.ok() ? "" : sup.to_string();
+  }
+
+  void measure(const AttentionSpec& s, Impl impl, Pass pass, std::int64_t pairs, std::size_t extra,
+               const std::function<void()>& fn) {
+    Row r;
+    r.spec = s;
+    r.problem = problem_label(s);
+    r.impl = impl;
+    r.pass = pass;
+    r.extra_bytes = extra;
+    r.flops = pass == Pass::forward ? detail::forward_flops(s, pairs) : detail::backward_flops(s, pairs);
+    ++done_;
+    if (opt_.progress != nullptr) {
+      *opt_.progress << "[" << done_ << "/" << total_ << "] " << r.problem << " " << to_string(impl) << " "
+                     << to_string(pass) << " ..." << std::flush;
+    }
+    r.timing = time_it(fn, opt_.timing);
+    r.gflops = static_cast<double>(r.flops) / r.timing.best_s / 1e9;
+    r.vs_sgemm = report_.header.sgemm.gflops > 0.0 ? r.gflops / report_.header.sgemm.gflops : 0.0;
+    if (opt_.progress != nullptr) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %.3f ms, %.1f GFLOP/s (%d reps)\n", r.timing.best_s * 1e3, r.gflops,
+                    r.timing.reps);
+      *opt_.progress << buf << std::flush;
+    }
+    report_.rows.push_back(std::move(r));
+  }
+
+  void run_backend(const Backend& b, Impl impl, const AttentionSpec& s, const ProblemTensors& data,
+                   const Inputs& in, std::int64_t pairs, const std::vector<Pass>& passes) {
+    Tensor out = zeros_with_last(in.q, s.head_dim_v), lse = lse_tensor(s);
+    const Scratch fwd_ws(b.workspace_bytes(s, Pass::forward));
+    const ForwardArgs fa{s, in, out, lse, fwd_ws.workspace()};
+    bool have_forward = false;
+    for (const Pass pass : passes) {
+      if (pass == Pass::forward) {
+        measure(s, impl, pass, pairs, b.workspace_bytes(s, pass), [&] { b.forward(fa); });
+        have_forward = true;
+        continue;
+      }
+      if (!have_forward) b.forward(fa);
+      have_forward = true;
+      const Tensor dq = Tensor::zeros_like(in.q), dk = Tensor::zeros_like(in.k), dv = Tensor::zeros_like(in.v);
+      const Tensor dbias = s.bias_requires_grad ? Tensor::zeros_like(in.bias) : Tensor{};
+      const Scratch bwd_ws(b.workspace_bytes(s, Pass::backward));
+      const BackwardArgs ba{s, in, out, lse, data.dout, dq, dk, dv,
+                            dbias.defined() ? dbias.view() : TensorView{}, bwd_ws.workspace()};
+      measure(s, impl, pass, pairs, b.workspace_bytes(s, pass), [&] { b.backward(ba); });
+    }
+  }
+
+  void run_unfused(const AttentionSpec& s, const ProblemTensors& data, const Inputs& in, std::int64_t pairs,
+                   const std::vector<Pass>& passes) {
+    UnfusedAttention u(s);
+    Tensor out = zeros_with_last(in.q, s.head_dim_v);
+    for (const Pass pass : passes) {
+      if (pass == Pass::forward) {
+        // Timed as inference (one head's buffer reused): the forward a user
+        // runs when no backward follows; training differs only in where P lands.
+        measure(s, Impl::unfused, pass, pairs, u.extra_bytes(pass), [&] { u.forward(in, out, false); });
+        continue;
+      }
+      u.forward(in, out, true);
+      const Tensor dq = Tensor::zeros_like(in.q), dk = Tensor::zeros_like(in.k), dv = Tensor::zeros_like(in.v);
+      measure(s, Impl::unfused, pass, pairs, u.extra_bytes(pass), [&] { u.backward(in, data.dout, dq, dk, dv); });
+    }
+  }
+
+  const HarnessOptions& opt_;
+  Report& report_;
+  std::shared_ptr<const Backend> flash_, reference_;
+  int total_ = 0, done_ = 0;
+};
+
+}  // namespace
+
+std::string_view to_string(Impl impl) {
+  switch (impl) {
+    case Impl::flash: return "flash";
+    case Impl::reference: return "reference";
+    case Impl::unfused: return "unfused";
+  }
+  return "?";
+}
+
+Impl parse_impl(std::string_view text) {
+  if (text == "flash") return Impl::flash;
+  if (text == "reference") return Impl::reference;
+  if (text == "unfused") return Impl::unfused;
+  throw Error(ErrorCode::invalid_argument, "impl", std::string(text), "expected flash, reference or unfused");
+}
+
+Inputs ProblemTensors::inputs() const {
+  Inputs in;
+  in.q = q;
+  in.k = k;
+  in.v = v;
+  if (bias.defined()) in.bias = bias;
+  if (slopes.defined()) in.alibi_slopes = slopes;
+  if (cu_seqlens_q.defined()) in.cu_seqlens_q = cu_seqlens_q;
+  if (cu_seqlens_kv.defined()) in.cu_seqlens_kv = cu_seqlens_kv;
+  return in;
+}
+
+Header make_header(const SgemmPeak& sgemm) {
+  Header h;
+  h.threads = omp_get_max_threads();
+  h.blas_threads = blas_threads();
+  h.flash_isa = std::string(flash_active_isa());
+  h.blas_config = blas_config();
+  h.sgemm = sgemm;
+  return h;
+}
+
+std::string problem_label(const AttentionSpec& s) {
+  std::string l = "B=" + std::to_string(s.batch) + " H=" + std::to_string(s.heads_q);
+  if (s.heads_kv != s.heads_q) l += "/" + std::to_string(s.heads_kv);
+  l += " D=" + std::to_string(s.head_dim_qk);
+  if (s.head_dim_v != s.head_dim_qk) l += "/" + std::to_string(s.head_dim_v);
+  // Varlen sizes are the longest sequences: "varlen S<=100".
+  const std::string eq = s.varlen() ? "<=" : "=";
+  if (s.varlen()) l += " varlen";
+  if (s.seqlen_q == s.seqlen_kv) {
+    l += " S" + eq + std::to_string(s.seqlen_q);
+  } else {
+    l += " Sq" + eq + std::to_string(s.seqlen_q) + " Sk" + eq + std::to_string(s.seqlen_kv);
+  }
+  if (s.causal) l += " causal";
+  if (s.window_left >= 0 || (!s.causal && s.window_right >= 0)) {
+    l += " window=" + std::to_string(s.window_left) + "," + std::to_string(s.effective_window_right());
+  }
+  if (s.softcap > 0.0) l += " softcap=" + num(s.softcap);
+  if (s.alibi) l += " alibi";
+  if (s.has_bias) l += s.bias_requires_grad ? " bias+grad" : " bias";
+  if (s.dropout_p > 0.0) l += " dropout=" + num(s.dropout_p);
+  if (s.dtype != DType::f32) l += " " + std::string(to_string(s.dtype));
+  if (s.layout != Layout::bshd && !s.varlen()) l += " " + std::string(to_string(s.layout));
+  return l;
+}
+
+Report run_benchmarks(const std::vector<AttentionSpec>& problems, const HarnessOptions& options,
+                      const Header& header) {
+  if (!options.make_tensors) {
+    throw Error(ErrorCode::invalid_argument, "make_tensors", "empty", "the harness needs a data generator");
+  }
+  Report report;
+  report.header = header;
+  Runner runner(options, report);
+  const std::vector<Planned> plan = runner.plan(problems);
+  std::vector<std::size_t> row_problem;  // problem index of each row, to pair rows with unfused
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    ProblemTensors data;
+    bool made = false;
+    for (const Planned& p : plan) {
+      if (p.problem != i) continue;
+      if (!made) data = options.make_tensors(problems[i]);
+      made = true;
+      runner.run(problems[i], data, p);
+      row_problem.resize(report.rows.size(), i);
+    }
+  }
+  for (std::size_t r = 0; r < report.rows.size(); ++r) {
+    for (std::size_t u = 0; u < report.rows.size(); ++u) {
+      const Row& base = report.rows[u];
+      if (base.impl == Impl::unfused && row_problem[u] == row_problem[r] && base.pass == report.rows[r].pass) {
+        report.rows[r].vs_unfused = base.timing.best_s / report.rows[r].timing.best_s;
+      }
+    }
+  }
+  return report;
+}
+
+}  // namespace attend::bench

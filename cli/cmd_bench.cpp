@@ -1,0 +1,167 @@
+// attend bench: flash against the unfused OpenBLAS baseline (and optionally the
+// reference) on a sweep of problems, next to a measured sgemm peak, all in one
+// process. The harness, the baseline and the output format live in bench/.
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "attend/error.h"
+#include "bench/harness.h"
+#include "bench/report.h"
+#include "bench/sgemm_peak.h"
+#include "bench/summary.h"
+#include "commands.h"
+#include "flag_checks.h"
+#include "problem_data.h"
+
+namespace attend_cli {
+
+namespace {
+
+namespace ab = attend::bench;
+
+// The target problem: the shape the performance targets are stated for.
+constexpr std::int64_t kTargetHeads = 16, kTargetHeadDim = 128, kTargetSeqlen = 4096;
+
+// True when a flag that defines the problem was given; without one the run is
+// the target problem, swept over both masks, with the target summary.
+bool any_problem_flag(const CLI::App& sub, const BenchCommand& cmd) {
+  for (const CLI::Option* opt : sub.get_options()) {
+    if (opt->count() > 0 && opt->get_group() == "Problem") return true;
+  }
+  return !cmd.seqlens.empty() || cmd.causal_sweep;
+}
+
+void reject_policy_flags(const ProblemFlags& f) {
+  const char* flag = !f.backend.empty() ? "--backend" : !f.disable.empty() ? "--disable" : nullptr;
+  if (flag != nullptr) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, flag, "given",
+                        "attend bench runs each implementation directly; choose them with --impls");
+  }
+}
+
+std::vector<attend::AttentionSpec> problems_of(const BenchCommand& cmd, const Problem& base) {
+  if (!cmd.seqlens.empty() && base.spec.varlen()) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--seqlens", "given",
+                        "cannot sweep sequence lengths of a varlen problem (--varlen-q/--varlen-kv)");
+  }
+  std::vector<attend::AttentionSpec> out;
+  std::vector<std::int64_t> seqlens = cmd.seqlens;
+  if (seqlens.empty()) seqlens.push_back(0);  // 0: keep the problem's own lengths
+  for (const std::int64_t s : seqlens) {
+    attend::AttentionSpec spec = base.spec;
+    if (s > 0) spec.seqlen_q = spec.seqlen_kv = s;
+    if (cmd.causal_sweep) {
+      spec.causal = false;
+      out.push_back(spec);
+      spec.causal = true;
+    }
+    out.push_back(spec);
+  }
+  return out;
+}
+
+}  // namespace
+
+CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd) {
+  auto* sub = app.add_subcommand(
+      "bench",
+      "Benchmark flash against an unfused OpenBLAS baseline (and the reference) next to a measured sgemm peak.\n"
+      "Prints GFLOP/s and ratios (format: bench/README.md); progress goes to stderr.\n"
+      "With no problem flags: the target problem (B=1 H=16 D=128 S=4096 f32), non-causal and causal, "
+      "and a summary of the target ratios.");
+  cmd.problem.heads = kTargetHeads;
+  cmd.problem.head_dim = kTargetHeadDim;
+  cmd.problem.seqlen = kTargetSeqlen;
+  add_problem_flags(*sub, cmd.problem);
+  const char* g = "Bench";
+  sub->add_option("--seqlens", cmd.seqlens, "sweep: each value sets seqlen_q = seqlen_kv, e.g. 1024,4096")
+      ->delimiter(',')->check(positive_int())->group(g);
+  sub->add_flag("--causal-sweep", cmd.causal_sweep, "run every problem both non-causal and causal")->group(g);
+  sub->add_option("--impls", cmd.impls, "implementations: flash,unfused,reference")
+      ->delimiter(',')->check(CLI::IsMember({"flash", "unfused", "reference"}))->group(g)->capture_default_str();
+  sub->add_option("--passes", cmd.passes, "passes: forward,backward [forward only with --inference]")
+      ->delimiter(',')->check(CLI::IsMember({"forward", "backward"}))->group(g)->capture_default_str();
+  sub->add_flag("--force-reference", cmd.force_reference,
+                "run the reference even where B*H*Sq*Sk > 2^26 (it is slow)")->group(g);
+  sub->add_option("--min-time", cmd.min_time, "seconds each measurement runs for, at least (and >= 3 runs)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            return (end != text.c_str() && *end == '\0' && v > 0.0 && v <= 3600.0) ? "" : "must be in (0, 3600]";
+          },
+          "SECONDS"))
+      ->group(g)->capture_default_str();
+  sub->add_option("--sgemm-n", cmd.sgemm_n, "size of the n x n x n sgemm that measures the peak")
+      ->check(int_in_range(1, 16384))->group(g)->capture_default_str();
+  sub->add_option("--data-seed", cmd.data_seed, "seed of the random inputs")->check(non_negative_int())
+      ->group(g)->capture_default_str();
+  sub->add_flag("--summary", cmd.summary, "print the target ratios after the table (implied with no problem flags)")
+      ->group(g);
+  sub->add_option("--csv", cmd.csv_path, "also write the rows as CSV to FILE")->group(g);
+  sub->add_option("--json", cmd.json_path, "also write the header and rows as JSON to FILE")->group(g);
+  return sub;
+}
+
+int run_bench(BenchCommand& cmd, const CLI::App& sub) {
+  if (!any_problem_flag(sub, cmd)) {
+    cmd.causal_sweep = true;
+    cmd.summary = true;
+    std::cout << "no problem flags: the target problem (B=1 H=16 D=128 S=4096 f32), non-causal and causal\n";
+  }
+  reject_policy_flags(cmd.problem);
+  const Problem base = make_problem(cmd.problem);
+  if (base.spec.dtype != attend::DType::f32) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--dtype", std::string(attend::to_string(base.spec.dtype)),
+                        "attend bench measures f32 (what flash and the unfused baseline compute)");
+  }
+
+  ab::HarnessOptions opt;
+  opt.impls.clear();
+  for (const std::string& name : cmd.impls) opt.impls.push_back(ab::parse_impl(name));
+  opt.passes.clear();
+  const bool passes_given = sub.get_option("--passes")->count() > 0;
+  for (const std::string& name : cmd.passes) {
+    const attend::Pass pass = name == "forward" ? attend::Pass::forward : attend::Pass::backward;
+    if (pass == attend::Pass::backward && base.mode == attend::Mode::inference && !passes_given) continue;
+    opt.passes.push_back(pass);
+  }
+  opt.timing.min_time = cmd.min_time;
+  opt.force_reference = cmd.force_reference;
+  opt.progress = &std::cerr;
+  opt.make_tensors = [&base, seed = cmd.data_seed](const attend::AttentionSpec& spec) {
+    Problem p = base;
+    p.spec = spec;
+    const ProblemData d = make_data(p, DataSources{{}, {}, {}, {}, seed, true});
+    return ab::ProblemTensors{d.q, d.k, d.v, d.dout, d.bias, d.slopes, d.cu_seqlens_q, d.cu_seqlens_kv};
+  };
+  const std::vector<attend::AttentionSpec> problems = problems_of(cmd, base);
+
+  std::cerr << "measuring the sgemm peak (n=" << cmd.sgemm_n << ") ..." << std::flush;
+  ab::TimingOptions sgemm_timing;
+  sgemm_timing.min_time = cmd.min_time;
+  const ab::SgemmPeak peak = ab::measure_sgemm_peak(cmd.sgemm_n, sgemm_timing);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, " %.1f GFLOP/s\n", peak.gflops);
+  std::cerr << buf << std::flush;
+
+  const ab::Report report = ab::run_benchmarks(problems, opt, ab::make_header(peak));
+  ab::print_report(std::cout, report);
+  if (cmd.summary) ab::print_target_summary(std::cout, report);
+  if (!cmd.csv_path.empty()) {
+    ab::write_csv(cmd.csv_path, report);
+    std::cout << "csv: " << cmd.csv_path << "\n";
+  }
+  if (!cmd.json_path.empty()) {
+    ab::write_json(cmd.json_path, report);
+    std::cout << "json: " << cmd.json_path << "\n";
+  }
+  return 0;
+}
+
+}  // namespace attend_cli

@@ -1,0 +1,110 @@
+// A paged KV cache for inference, and attention of new queries over it.
+//
+// Storage follows vLLM / FlashAttention's paged layout: K and V live in pools of
+// pages, (num_pages, page_size, heads_kv, head_dim) f32, and each sequence owns
+// a row of the block table listing its pages in token order. Pages are taken
+// from the pool as sequences grow and returned by reset(). Token t of sequence
+// b is row t % page_size of page block_table[b, t / page_size].
+//
+// Every bound is checked: a sequence id out of range, an append past a
+// sequence's capacity or past the free pages, a malformed tensor — each is an
+// attend::Error, and a failed append changes nothing. The cache never writes
+// through the (user-visible) block table tensor: pages are tracked internally,
+// so no edit of that tensor can make the cache write out of bounds, and
+// forward validates every entry it will read.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "attend/attention.h"
+#include "attend/select.h"
+#include "attend/spec.h"
+#include "attend/tensor.h"
+
+namespace attend {
+
+struct KVCacheConfig {
+  std::int64_t batch = 1;        // sequences
+  std::int64_t heads_kv = 1;     // GQA: query heads (given at forward) must be a multiple
+  std::int64_t head_dim_qk = 64;
+  std::int64_t head_dim_v = 64;
+  std::int64_t max_seqlen = 0;   // tokens one sequence can hold (rounded up to whole pages)
+  std::int64_t page_size = 64;   // tokens per page: a power of two >= 1
+  std::int64_t num_pages = 0;    // pages in the pool; 0: batch * ceil(max_seqlen / page_size)
+};
+
+class KVCache {
+ public:
+  // Throws attend::Error for a non-positive size, a page size that is not a
+  // power of two, or a pool whose page ids do not fit in int32.
+  explicit KVCache(const KVCacheConfig& config);
+
+  const KVCacheConfig& config() const { return config_; }
+  std::int64_t batch() const { return config_.batch; }
+  std::int64_t page_size() const { return config_.page_size; }
+  std::int64_t pages_per_sequence() const { return pages_per_seq_; }
+  std::int64_t capacity() const { return pages_per_seq_ * config_.page_size; }  // tokens per sequence
+  std::int64_t free_pages() const { return static_cast<std::int64_t>(free_.size()); }
+  std::int64_t length(std::int64_t seq) const;   // tokens stored, left padding included
+  std::int64_t leftpad(std::int64_t seq) const;  // leading tokens that are padding
+  bool has_leftpad() const;                      // some sequence has leftpad > 0
+
+  // Appends tokens to every sequence. k: (B, S_new, heads_kv, head_dim_qk) and
+  // v: (B, S_new, heads_kv, head_dim_v), f32, any non-negative strides with a
+  // contiguous last dim. counts[b] <= S_new appends only the first counts[b]
+  // tokens of row b (sequences may grow by different amounts); an empty span
+  // appends all S_new to each. All or nothing.
+  void append(const TensorView& k, const TensorView& v, std::span<const std::int64_t> counts = {});
+  // Appends n tokens to one sequence: k (n, heads_kv, head_dim_qk), v (n, heads_kv, head_dim_v).
+  void append(std::int64_t seq, const TensorView& k, const TensorView& v);
+  // The first `tokens` positions of seq are padding: never attended, and masks
+  // and ALiBi count keys from the first real token (FlashAttention's cache_leftpad).
+  void set_leftpad(std::int64_t seq, std::int64_t tokens);
+  // Empties seq (length and left padding 0) and returns its pages to the pool.
+  void reset(std::int64_t seq);
+
+  // The storage, in the form attend::Inputs takes for spec.kv_page_size = page_size().
+  const Tensor& k_pages() const { return k_; }   // (num_pages, page_size, heads_kv, head_dim_qk) f32
+  const Tensor& v_pages() const { return v_; }   // (num_pages, page_size, heads_kv, head_dim_v) f32
+  const Tensor& block_table() const { return table_; }  // (B, pages_per_sequence) i32; -1: no page yet
+  const Tensor& seqlens() const { return seqlens_; }    // (B) i32: length(b)
+  const Tensor& leftpads() const { return leftpads_; }  // (B) i32: leftpad(b)
+
+ private:
+  void check_seq(std::int64_t seq, const char* field) const;
+  // Copies tokens [0, n) of one sequence's new K/V rows, allocating pages.
+  void write_tokens(std::int64_t seq, const float* k, std::int64_t ks, std::int64_t kh, const float* v,
+                    std::int64_t vs, std::int64_t vh, std::int64_t n);
+
+  KVCacheConfig config_;
+  std::int64_t pages_per_seq_ = 0;
+  std::vector<std::vector<std::int32_t>> pages_;  // authoritative page list per sequence
+  std::vector<std::int32_t> free_;                // free page ids, next to take at the back
+  Tensor k_, v_, table_, seqlens_, leftpads_;
+};
+
+// Attention of new queries q over the cache, Mode::inference. q is
+// (B, Sq, H, head_dim_qk) in spec.layout (bshd, bhsd or sbhd), Sq >= 1, with
+// B = cache.batch() and H a multiple of heads_kv. From `spec` only the logit and
+// mask fields are used (scale, causal, window, softcap, alibi, dropout, need_lse);
+// sizes come from q and the cache. Masks are bottom-right aligned to each
+// sequence's own key count (length - leftpad): with causal, query i of a
+// sequence with L keys sees keys [0, L - Sq + i]. ALiBi needs `alibi_slopes`
+// ((H) or (B, H) f32). Throws attend::Error(invalid_argument) for Mode::training
+// (a cache holds no gradients) or a spec with a bias.
+ForwardResult forward_with_kvcache(const TensorView& q, const KVCache& cache, const AttentionSpec& spec,
+                                   Mode mode = Mode::inference, const TensorView& alibi_slopes = {},
+                                   const Policy* policy = nullptr);
+
+// The spec and inputs forward_with_kvcache builds (exposed for tools and tests
+// that run a backend directly on the cache). Same checks, same errors.
+struct KVCacheProblem {
+  AttentionSpec spec;
+  Inputs inputs;
+};
+KVCacheProblem kvcache_problem(const TensorView& q, const KVCache& cache, const AttentionSpec& spec,
+                               const TensorView& alibi_slopes = {});
+
+}  // namespace attend

@@ -1,0 +1,273 @@
+"""attend for PyTorch: drop-in attention functions and a module, with autograd.
+
+    from attend.torch import scaled_dot_product_attention      # torch.nn.functional's
+    from attend.torch import flash_attn_func, flash_attn_varlen_func  # flash_attn's
+    from attend.torch import DotProductAttention                # TransformerEngine-style
+
+Each call selects a backend for its problem: in *training* mode (forward and
+backward must be supported) whenever grad mode is on and an input requires grad,
+else in *inference* mode (forward only). Backward runs on the backend forward
+chose, from the saved LSE and dropout seed. CPU tensors, float32 (flash,
+reference) and float64 (reference); other dtypes raise UnsupportedError with the
+reasons rather than being upcast. Errors are attend.errors classes.
+"""
+
+import torch
+
+from . import _autograd, _masks
+from .errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
+from ._autograd import Problem, draw_dropout_seed
+from ._masks import dropout_mask, dropout_mask_varlen
+from .module import DotProductAttention
+from .policy import Explanation
+
+__all__ = [
+    "scaled_dot_product_attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
+    "DotProductAttention", "explain", "last_selection", "draw_dropout_seed", "dropout_mask",
+    "dropout_mask_varlen", "Explanation",
+]
+
+def last_selection():
+    """Explanation of the most recent attend.torch forward in this process (its
+    backend and mode), or None before the first call."""
+    return _autograd.last_explanation()
+
+
+def _check_tensor(t, name, dims):
+    if not isinstance(t, torch.Tensor):
+        _raise(InvalidArgumentError, name, type(t).__name__, "expected a torch.Tensor")
+    if t.dim() not in dims:
+        _raise(ShapeMismatchError, f"{name}.dim", t.dim(), f"expected {' or '.join(map(str, dims))} dimensions")
+
+
+def _bias_requires_grad(bias):
+    return bias is not None and bias.requires_grad and torch.is_grad_enabled()
+
+
+# --- torch.nn.functional.scaled_dot_product_attention ------------------------------------
+
+def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                  enable_gqa=False):
+    for t, n in ((query, "query"), (key, "key"), (value, "value")):
+        _check_tensor(t, n, range(3, 9))
+    if not (query.dim() == key.dim() == value.dim()):
+        _raise(ShapeMismatchError, "key.dim", key.dim(), "query, key and value must have the same number of dims")
+    lead = query.shape[:-2]
+    if key.shape[:-3] != lead[:-1] or value.shape[:-3] != lead[:-1] or (query.dim() == 3 and (
+            key.shape[0] != query.shape[0] or value.shape[0] != query.shape[0])):
+        _raise(ShapeMismatchError, "key.shape", tuple(key.shape), f"batch dims must equal query's {tuple(lead)}")
+    if key.shape[-3 if key.dim() > 3 else 0] != value.shape[-3 if value.dim() > 3 else 0] \
+            or key.shape[-2] != value.shape[-2]:
+        _raise(ShapeMismatchError, "value.shape", tuple(value.shape), f"must match key {tuple(key.shape)} "
+               "in heads and sequence length")
+    if key.shape[-1] != query.shape[-1]:
+        _raise(ShapeMismatchError, "key.shape[-1]", key.shape[-1], f"must equal query's head dim {query.shape[-1]}")
+    if is_causal and attn_mask is not None:
+        _raise(InvalidArgumentError, "attn_mask", "set", "must be None when is_causal=True (as in PyTorch)")
+
+    def to4d(t):
+        if t.dim() == 3:
+            return t.unsqueeze(1)
+        return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
+
+    q, k, v = to4d(query), to4d(key), to4d(value)
+    B, Hq, L, E = q.shape
+    Hk, S, Ev = k.shape[1], k.shape[2], v.shape[3]
+    if Hq != Hk and not ((enable_gqa and Hq % Hk == 0) or Hk == 1):
+        _raise(ShapeMismatchError, "key.heads", Hk, f"query has {Hq} heads: pass enable_gqa=True with "
+               f"{Hq} % {Hk} == 0 (or use 1 key/value head)")
+    out_shape = tuple(query.shape[:-1]) + (Ev,)
+    if B == 0:
+        return None, out_shape
+
+    bias = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn_mask = _masks.bias_from_keep(attn_mask, query.dtype)
+        elif attn_mask.dtype != query.dtype:
+            _raise(InvalidArgumentError, "attn_mask.dtype", attn_mask.dtype,
+                   f"must be bool or the query's dtype {query.dtype}")
+        try:
+            bias = to4d(torch.broadcast_to(attn_mask, tuple(query.shape[:-1]) + (S,)))
+        except RuntimeError:
+            _raise(ShapeMismatchError, "attn_mask.shape", tuple(attn_mask.shape),
+                   f"not broadcastable to {tuple(query.shape[:-1]) + (S,)}")
+
+    causal, left, right = False, -1, -1
+    if is_causal:  # top-left aligned in PyTorch
+        keys, left, right = _masks.top_left_window(L, S, -1, 0)
+        if keys < S:
+            k, v = k[:, :, :keys], v[:, :, :keys]
+            S = keys
+        causal, right = right == 0, (-1 if right == 0 else right)
+
+    spec = dict(batch=B, seqlen_q=L, seqlen_kv=S, heads_q=Hq, heads_kv=Hk, head_dim_qk=E, head_dim_v=Ev,
+                dtype=_masks.dtype_name(query), layout="bhsd", scale=scale, causal=causal, window_left=left,
+                window_right=right, has_bias=bias is not None, bias_requires_grad=_bias_requires_grad(bias))
+    if dropout_p > 0.0:
+        spec.update(dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed())
+    return Problem(spec, q, k, v, bias, restore=lambda o: o.reshape(out_shape)), out_shape
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x semantics):
+    query (N..., L, E), key (N..., S, E), value (N..., S, Ev) -> (N..., L, Ev).
+
+    attn_mask: bool (True = take part) or float added to the scores, broadcastable
+    to (N..., L, S); is_causal: top-left aligned (row i sees keys <= i); dropout
+    is applied whenever dropout_p > 0; scale defaults to 1/sqrt(E); enable_gqa:
+    key/value may have H/g heads, query head h reads kv head h // g.
+    A fully masked row gives 0 (PyTorch's math path gives NaN)."""
+    problem, out_shape = _sdpa_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if problem is None:  # an empty batch: nothing to compute, keep the graph connected
+        return query.new_zeros(out_shape) + 0 * (query.sum() + key.sum() + value.sum())
+    return problem.run()[0]
+
+
+# --- flash_attn ---------------------------------------------------------------------------
+
+def _window(causal, window_size):
+    left, right = (int(window_size[0]), int(window_size[1])) if window_size is not None else (-1, -1)
+    return left, (0 if causal else right)
+
+
+def _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic):
+    left, right = _window(causal, window_size)
+    spec = dict(heads_q=q.shape[-2], heads_kv=k.shape[-2], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
+                dtype=_masks.dtype_name(q, "q"), scale=softmax_scale, causal=bool(causal), window_left=left,
+                window_right=right, softcap=float(softcap), alibi=alibi_slopes is not None,
+                deterministic=bool(deterministic))
+    if dropout_p > 0.0:
+        spec.update(dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed())
+    return spec
+
+
+def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                   alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        _check_tensor(t, n, (4,))
+    spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
+    spec.update(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_kv=k.shape[1], layout="bshd")
+    return Problem(spec, q, k, v, slopes=alibi_slopes)
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn.flash_attn_func: q (B, Sq, H, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv)
+    -> out (B, Sq, H, Dv). Causal and windows are bottom-right aligned; softcap,
+    ALiBi (f32 slopes (H) or (B, H)), GQA/MQA (H % Hk == 0), dropout as in FA2.
+    return_attn_probs: (out, softmax_lse (B, H, Sq) f32/f64, S) where S is attend's
+    bool dropout keep mask (B, H, Sq, Sk) when dropout_p > 0, else an empty tensor
+    (FA2's S_dmask encoding is tied to its CUDA tiling and is not reproduced)."""
+    problem = _flash_problem(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                             deterministic)
+    out, lse = problem.run()
+    if not return_attn_probs:
+        return out
+    s = problem.spec
+    probs = (dropout_mask(s["dropout_seed"], s["dropout_p"], s["batch"], s["heads_q"], s["seqlen_q"],
+                          s["seqlen_kv"]) if dropout_p > 0.0 else q.new_empty(0))
+    return out, lse, probs
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn.flash_attn_qkvpacked_func: qkv (B, S, 3, H, D); read in place (strided)."""
+    _check_tensor(qkv, "qkv", (5,))
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
+                           softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn.flash_attn_kvpacked_func: q (B, Sq, H, D), kv (B, Sk, 2, Hk, D)."""
+    _check_tensor(kv, "kv", (5,))
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def _cu(t, name):
+    if not isinstance(t, torch.Tensor) or t.dim() != 1:
+        _raise(InvalidArgumentError, name, getattr(t, "shape", t), "expected a 1-D int32 tensor (B+1,)")
+    if t.dtype != torch.int32:
+        if t.dtype not in (torch.int64, torch.int16, torch.uint8):
+            _raise(InvalidArgumentError, f"{name}.dtype", t.dtype, "expected int32")
+        t = t.to(torch.int32)
+    return t
+
+
+def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    deterministic=False, return_attn_probs=False, block_table=None):
+    if block_table is not None:
+        _raise(UnsupportedError, "block_table", "set", "paged K/V is not supported by attend.torch yet")
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        _check_tensor(t, n, (3,))
+    cu_q, cu_k = _cu(cu_seqlens_q, "cu_seqlens_q"), _cu(cu_seqlens_k, "cu_seqlens_k")
+    if cu_q.numel() != cu_k.numel() or cu_q.numel() < 2:
+        _raise(ShapeMismatchError, "cu_seqlens_k.numel", cu_k.numel(),
+               f"cu_seqlens_q and cu_seqlens_k need the same B+1 >= 2 entries (cu_seqlens_q has {cu_q.numel()})")
+    spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
+    spec.update(batch=cu_q.numel() - 1, seqlen_q=int(max_seqlen_q), seqlen_kv=int(max_seqlen_k), layout="thd",
+                total_q=q.shape[0], total_kv=k.shape[0])
+    return Problem(spec, q, k, v, slopes=alibi_slopes, cu_q=cu_q, cu_kv=cu_k)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """flash_attn.flash_attn_varlen_func: q (total_q, H, D), k (total_k, Hk, D),
+    v (total_k, Hk, Dv), cu_seqlens int32 (B+1,); masks per sequence, bottom-right
+    aligned; empty sequences allowed (their rows are 0, LSE -inf).
+    return_attn_probs: (out, softmax_lse (H, total_q), S) with S an empty tensor
+    (per-sequence keep masks: attend.torch.dropout_mask_varlen). block_table
+    (paged K/V) raises UnsupportedError."""
+    problem = _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                              softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                              return_attn_probs, block_table)
+    out, lse = problem.run()
+    return (out, lse, q.new_empty(0)) if return_attn_probs else out
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """flash_attn.flash_attn_varlen_qkvpacked_func: qkv (total, 3, H, D)."""
+    _check_tensor(qkv, "qkv", (4,))
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn.flash_attn_varlen_kvpacked_func: q (total_q, H, D), kv (total_k, 2, Hk, D)."""
+    _check_tensor(kv, "kv", (4,))
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  deterministic, return_attn_probs)
+
+
+# --- explain ------------------------------------------------------------------------------
+
+_PROBLEMS = {"sdpa": lambda *a, **kw: _sdpa_problem(*a, **kw)[0], "flash_attn": _flash_problem,
+             "flash_attn_varlen": _varlen_problem}
+
+
+def explain(q, k, v, *args, api="sdpa", mode=None, **kwargs):
+    """The verdict table a call would get, without running it.
+
+    ``api`` names whose arguments follow q, k, v: "sdpa" (scaled_dot_product_attention,
+    the default), "flash_attn" or "flash_attn_varlen". ``mode`` ("training" or
+    "inference") defaults to what the call would use: training when grad mode is
+    on and an input requires grad. Returns an attend.Explanation (``str()`` is the
+    table, ``.data`` the structured form, ``.selected`` the backend or None)."""
+    if api not in _PROBLEMS:
+        _raise(InvalidArgumentError, "api", api, f"expected one of {sorted(_PROBLEMS)}")
+    problem = _PROBLEMS[api](q, k, v, *args, **kwargs)
+    if problem is None:
+        _raise(InvalidArgumentError, "query.shape[0]", 0, "an empty batch has no problem to explain")
+    return problem.explain(mode)

@@ -1,0 +1,150 @@
+// The decode backend: capability check, workspace, and the two parallel phases
+// (splits, then the combine of sequences that were split).
+#include "attend/backends/decode.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attend/error.h"
+#include "backends/decode/decode_params.h"
+#include "backends/decode/dispatch.h"
+
+namespace attend {
+namespace {
+
+// Per-thread scratch above this is declined (a `memory` reason): rows of the
+// whole GQA group times the head dims must stay a cache-sized working set.
+constexpr std::int64_t kMaxScratchFloats = std::int64_t{1} << 24;
+
+// ATTEND_NUM_THREADS caps the threads, as for flash; otherwise OpenMP decides.
+int thread_budget() {
+  if (const char* env = std::getenv("ATTEND_NUM_THREADS"); env && *env) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (*end != '\0' || n < 1 || n > 4096) {
+      throw Error(ErrorCode::invalid_argument, "ATTEND_NUM_THREADS", env, "expected an integer in [1, 4096]");
+    }
+    return static_cast<int>(n);
+  }
+  return std::max(1, omp_get_max_threads());
+}
+
+std::size_t to_bytes(std::int64_t floats, std::int64_t copies) {
+  std::size_t r = 0;
+  if (floats < 0 || copies < 0 ||
+      __builtin_mul_overflow(static_cast<std::size_t>(floats), static_cast<std::size_t>(copies) * sizeof(float), &r)) {
+    return std::numeric_limits<std::size_t>::max();  // the allocation then fails as out_of_memory
+  }
+  return r;
+}
+
+class DecodeBackend final : public Backend {
+ public:
+  explicit DecodeBackend(DecodeOptions options) : options_(options) {}
+  std::string_view name() const override { return "decode"; }
+
+  Support check(const AttentionSpec& s, Pass pass) const override {
+    Support sup;
+    if (pass == Pass::backward) {
+      sup.require(false, ReasonCode::no_backward,
+                  "decode has no backward pass (a forward-only split-KV inference kernel)");
+    }
+    sup.require(s.dtype == DType::f32, ReasonCode::dtype,
+                "dtype=" + std::string(to_string(s.dtype)) + " is not computed by decode (f32 only)");
+    sup.require(s.seqlen_q <= options_.max_seqlen_q, ReasonCode::seqlen,
+                "seqlen_q=" + std::to_string(s.seqlen_q) + " exceeds the decode limit " +
+                    std::to_string(options_.max_seqlen_q) + " (longer query blocks run faster on flash)");
+    sup.require(s.head_dim_qk <= kDecodeMaxHeadDim, ReasonCode::head_dim_qk,
+                "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the decode limit " +
+                    std::to_string(kDecodeMaxHeadDim));
+    sup.require(s.head_dim_v <= kDecodeMaxHeadDim, ReasonCode::head_dim_v,
+                "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the decode limit " +
+                    std::to_string(kDecodeMaxHeadDim));
+    if (s.seqlen_q <= options_.max_seqlen_q && s.head_dim_qk <= kDecodeMaxHeadDim && s.head_dim_v <= kDecodeMaxHeadDim) {
+      const std::int64_t floats = decode::plan_splits(s).scratch_floats;
+      sup.require(floats <= kMaxScratchFloats, ReasonCode::memory,
+                  "per-thread scratch of " + std::to_string(floats) + " floats for " +
+                      std::to_string(s.group_size() * s.seqlen_q) + " query rows per kv head exceeds " +
+                      std::to_string(kMaxScratchFloats));
+    }
+    return sup;
+  }
+
+  std::size_t workspace_bytes(const AttentionSpec& s, Pass pass) const override {
+    if (pass == Pass::backward) return 0;
+    const decode::SplitPlan plan = decode::plan_splits(s);
+    const std::size_t scratch = to_bytes(plan.scratch_floats, thread_budget());
+    const std::size_t partial = to_bytes(plan.partial_floats, 1);
+    std::size_t total = 0;
+    if (__builtin_add_overflow(scratch, partial, &total)) return std::numeric_limits<std::size_t>::max();
+    return total;
+  }
+
+ protected:
+  void run_forward(const ForwardArgs& a) const override {
+    const decode::KernelTable& k = decode::active_kernels();
+    decode::DecodeParams p = decode::make_params(a);
+    auto* base = static_cast<float*>(a.workspace.data);
+    p.partial = base;
+    float* scratch_base = base + p.plan.partial_floats;
+    const std::int64_t per_thread = p.plan.scratch_floats;
+
+    // Heads per task: as many as the scratch holds (streaming whole token
+    // rows), fewer when that would leave threads idle. Results do not depend on it.
+    struct Task { std::int64_t b, hk0, hk1, split; };
+    const int budget = thread_budget();
+    std::int64_t total_splits = 0;
+    for (std::int64_t b = 0; b < p.batch; ++b) total_splits += p.splits(b);
+    std::int64_t chunk = p.plan.head_chunk;
+    while (chunk > 1 && total_splits * ((p.heads_kv + chunk - 1) / chunk) < 4 * budget) chunk = (chunk + 1) / 2;
+    std::vector<Task> splits;
+    std::vector<Task> combines;
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      const std::int64_t ns = p.splits(b);
+      for (std::int64_t s = 0; s < ns; ++s) {
+        for (std::int64_t hk = 0; hk < p.heads_kv; hk += chunk) splits.push_back({b, hk, std::min(p.heads_kv, hk + chunk), s});
+      }
+      for (std::int64_t hk = 0; hk < p.heads_kv && ns > 1; ++hk) combines.push_back({b, hk, hk + 1, 0});
+    }
+    const std::int64_t n_split = static_cast<std::int64_t>(splits.size());
+    const std::int64_t n_combine = static_cast<std::int64_t>(combines.size());
+    const std::size_t fit = a.workspace.bytes / sizeof(float) > static_cast<std::size_t>(p.plan.partial_floats)
+                                ? (a.workspace.bytes / sizeof(float) - static_cast<std::size_t>(p.plan.partial_floats)) /
+                                      static_cast<std::size_t>(per_thread)
+                                : 0;
+    const int threads = static_cast<int>(std::max<std::int64_t>(
+        1, std::min<std::int64_t>({budget, static_cast<std::int64_t>(fit), std::max<std::int64_t>(n_split, 1)})));
+#pragma omp parallel num_threads(threads)
+    {
+      float* scratch = scratch_base + per_thread * omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t t = 0; t < n_split; ++t) k.split(p, splits[t].b, splits[t].hk0, splits[t].hk1, splits[t].split, scratch);
+      // The implicit barrier above: every partial is written before any combine.
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t t = 0; t < n_combine; ++t) k.combine(p, combines[t].b, combines[t].hk0);
+    }
+  }
+
+  void run_backward(const BackwardArgs&) const override {
+    // Unreachable: Backend::backward runs check(spec, backward) first, which always fails.
+    throw Error(ErrorCode::unsupported, "backend", "decode", "decode has no backward pass");
+  }
+
+ private:
+  DecodeOptions options_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Backend> make_decode_backend(DecodeOptions options) {
+  return std::make_shared<const DecodeBackend>(options);
+}
+
+std::string_view decode_active_isa() { return decode::active_kernels().isa; }
+
+}  // namespace attend

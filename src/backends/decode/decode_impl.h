@@ -1,0 +1,317 @@
+// The decode kernels for one ISA: one split of one (sequence, kv head), and the
+// exact LSE combine of the splits. Included inside namespace
+// attend::decode::ATTEND_DECODE_ISA after one of flash's simd_*.h headers.
+//
+// A split streams its keys in blocks of kBlockN, reading K and V rows in place
+// (dense, varlen or paged) — each row is read once for all the query rows of
+// the GQA group. Rows of one kv head sit heads_kv * D floats apart (a page
+// apart at each page boundary), beyond what hardware prefetchers follow, so the
+// next block's rows are prefetched explicitly while this one is computed.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "backends/decode/decode_params.h"
+
+namespace attend::decode::ATTEND_DECODE_ISA {
+
+using Simd = ATTEND_DECODE_SIMD;
+using V = typename Simd::V;
+constexpr int W = Simd::W;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// s[r * ldS + c] = <q_r, k_c> for R query rows and KB keys; the R * KB
+// accumulators hide the FMA latency and each K load serves R rows.
+template <int R, int KB>
+inline void dot_tile(const float* q, std::int64_t ldq, const float* const* k, std::int64_t dqk, float* s) {
+  const std::int64_t dvec = dqk / W * W;
+  V acc[R][KB];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < KB; ++c) acc[r][c] = Simd::zero();
+  for (std::int64_t d = 0; d < dvec; d += W) {
+    V kv[KB];
+    for (int c = 0; c < KB; ++c) kv[c] = Simd::load(k[c] + d);
+    for (int r = 0; r < R; ++r) {
+      const V qv = Simd::load(q + r * ldq + d);
+      for (int c = 0; c < KB; ++c) acc[r][c] = Simd::fmadd(qv, kv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < KB; ++c) {
+      float x = Simd::reduce_add(acc[r][c]);
+      for (std::int64_t d = dvec; d < dqk; ++d) x += q[r * ldq + d] * k[c][d];
+      s[r * kBlockN + c] = x;
+    }
+  }
+}
+
+// Scores of m rows against the n keys of a block.
+inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const float* const* k, std::int64_t n,
+                   std::int64_t dqk, float* s) {
+  std::int64_t r = 0;
+  for (; r + 4 <= m; r += 4) {
+    std::int64_t j = 0;
+    for (; j + 2 <= n; j += 2) dot_tile<4, 2>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
+    if (j < n) dot_tile<4, 1>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
+  }
+  for (; r < m; ++r) {
+    std::int64_t j = 0;
+    for (; j + 4 <= n; j += 4) dot_tile<1, 4>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
+    for (; j < n; ++j) dot_tile<1, 1>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
+  }
+}
+
+// acc_r += sum_j p[r][j] * v_j for R rows; each V load serves R rows.
+template <int R, int NV>
+inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, const float* const* v,
+                             std::int64_t n, float* acc, std::int64_t lda) {
+  for (; d + NV * W <= dvec; d += NV * W) {
+    V a[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < NV; ++u) a[r][u] = Simd::load(acc + r * lda + d + u * W);
+    for (std::int64_t j = 0; j < n; ++j) {
+      V vv[NV];
+      for (int u = 0; u < NV; ++u) vv[u] = Simd::load(v[j] + d + u * W);
+      for (int r = 0; r < R; ++r) {
+        const V pj = Simd::set1(p[r * kBlockN + j]);
+        for (int u = 0; u < NV; ++u) a[r][u] = Simd::fmadd(pj, vv[u], a[r][u]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < NV; ++u) Simd::store(acc + r * lda + d + u * W, a[r][u]);
+  }
+  return d;
+}
+
+template <int R>
+inline void pv_rows(const float* p, const float* const* v, std::int64_t n, std::int64_t dv, float* acc,
+                    std::int64_t lda) {
+  const std::int64_t dvec = dv / W * W;
+  std::int64_t d = pv_panel<R, 4>(0, dvec, p, v, n, acc, lda);
+  d = pv_panel<R, 1>(d, dvec, p, v, n, acc, lda);
+  for (; d < dv; ++d) {
+    for (int r = 0; r < R; ++r) {
+      float x = acc[r * lda + d];
+      for (std::int64_t j = 0; j < n; ++j) x += p[r * kBlockN + j] * v[j][d];
+      acc[r * lda + d] = x;
+    }
+  }
+}
+
+inline void prefetch_rows(const float* const* rows, std::int64_t n, std::int64_t dim) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    for (std::int64_t d = 0; d < dim; d += 16) __builtin_prefetch(rows[j] + d, 0, 1);
+  }
+}
+
+// Where a finished row goes: straight to out/lse when the sequence has one
+// split, else to the split's partial slot for the combine.
+struct RowSink {
+  const DecodeParams& p;
+  std::int64_t b, hk, split;
+  bool direct;
+  void write(std::int64_t r, const float* acc, float m, float l) const {
+    const std::int64_t i = r / p.group, h = hk * p.group + r % p.group;
+    const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
+    const float lse = l > 0 ? m + std::log(l) : kNegInf;
+    if (direct) {
+      const std::int64_t row = p.spans[b].q_begin + i;
+      float* dst = p.out + p.so.offset(b, row, h);
+      for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = acc[d] * inv;
+      p.lse[p.slse.offset(b, row, h)] = lse;
+    } else {
+      float* dst = p.partial_out(b, hk, split) + r * p.plan.dvp;
+      for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = acc[d] * inv;
+      p.partial_lse(b, hk, split)[r] = lse;
+    }
+  }
+};
+
+// Softcap, ALiBi, bias and the mask of one row's block of scores, in the order
+// of the spec: softcap(s), + alibi, + bias, -inf outside [lo, hi).
+inline void finish_row(const DecodeParams& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j0,
+                       std::int64_t lo, std::int64_t hi, float* s) {
+  if (p.softcap > 0) {
+    const V inv = Simd::set1(1.0f / p.softcap), cap = Simd::set1(p.softcap);
+    for (std::int64_t c = 0; c < kBlockN; c += W) Simd::store(s + c, Simd::mul(Simd::tanh(Simd::mul(Simd::load(s + c), inv)), cap));
+  }
+  if (!p.slopes.empty()) {
+    const float slope = p.slope(b, h);
+    const std::int64_t pos = i + p.spans[b].kv_len - p.spans[b].q_len;
+    for (std::int64_t c = lo; c < hi; ++c) s[c] -= slope * static_cast<float>(std::llabs(pos - (j0 + c)));
+  }
+  if (p.bias) {
+    const float* brow = p.bias + p.sbias.offset(b, h, i) + j0;
+    for (std::int64_t c = lo; c < hi; ++c) s[c] += brow[c];
+  }
+  for (std::int64_t c = 0; c < lo; ++c) s[c] = kNegInf;
+  for (std::int64_t c = hi; c < kBlockN; ++c) s[c] = kNegInf;
+}
+
+// One kv head's running state inside a task, carved from the thread's scratch.
+struct HeadState {
+  float* qs;       // m x ldq: scale * q, zero-padded
+  float* s;        // m x kBlockN: scores, then probabilities
+  float* acc;      // m x lda: unnormalised output
+  float* row_max;  // m
+  float* row_sum;  // m
+};
+
+inline HeadState carve(const DecodeParams& p, float* base) {
+  const std::int64_t rows = p.plan.max_rows;
+  HeadState h;
+  h.qs = base;
+  h.s = h.qs + rows * p.plan.dqkp;
+  h.acc = h.s + rows * kBlockN;
+  h.row_max = h.acc + rows * p.plan.dvp;
+  h.row_sum = h.row_max + rows;
+  return h;
+}
+
+// Keys [j0, j0 + n) of kv head hk for its m query rows (r = i * group + g):
+// scores, mask and logit terms, online softmax, P V.
+inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n,
+                       const float* const* kr, const float* const* vr, const HeadState& st) {
+  const detail::SeqSpan& sp = p.spans[b];
+  const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
+  const bool plain = p.softcap == 0 && p.slopes.empty() && !p.bias;
+  scores(st.qs, p.plan.dqkp, m, kr, n, p.dqk, st.s);
+  for (std::int64_t i = 0; i < sp.q_len; ++i) {
+    const detail::KeyRange vis = p.keys(b, i);
+    const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
+    const std::int64_t hi = std::clamp<std::int64_t>(vis.end - j0, lo, n);
+    for (std::int64_t r = i * g; r < (i + 1) * g; ++r) {
+      float* sr = st.s + r * kBlockN;
+      if (plain) {
+        for (std::int64_t c = 0; c < lo; ++c) sr[c] = kNegInf;
+        for (std::int64_t c = hi; c < kBlockN; ++c) sr[c] = kNegInf;
+      } else {
+        finish_row(p, b, hk * g + r % g, i, j0, lo, hi, sr);
+      }
+      // Online softmax. A row with nothing visible yet keeps max = -inf and
+      // gets P = 0 (exp of -inf is exactly 0 in every Simd::exp).
+      V mx = Simd::load(sr);
+      for (std::int64_t c = W; c < kBlockN; c += W) mx = Simd::max(mx, Simd::load(sr + c));
+      const float new_max = std::max(st.row_max[r], Simd::reduce_max(mx));
+      if (new_max == kNegInf) {
+        std::fill(sr, sr + kBlockN, 0.0f);
+        continue;
+      }
+      const V shift = Simd::set1(new_max);
+      V sum = Simd::zero();
+      for (std::int64_t c = 0; c < kBlockN; c += W) {
+        const V e = Simd::exp(Simd::sub(Simd::load(sr + c), shift));
+        Simd::store(sr + c, e);
+        sum = Simd::add(sum, e);
+      }
+      if (new_max != st.row_max[r]) {
+        const float alpha = std::exp(st.row_max[r] - new_max);
+        float* a = st.acc + r * lda;
+        const V av = Simd::set1(alpha);
+        for (std::int64_t d = 0; d < lda; d += W) Simd::store(a + d, Simd::mul(Simd::load(a + d), av));
+        st.row_sum[r] *= alpha;
+        st.row_max[r] = new_max;
+      }
+      st.row_sum[r] += Simd::reduce_add(sum);
+      // Dropout acts on P after the sums: the LSE and the normalisation are pre-dropout.
+      if (p.dropout) {
+        const std::int64_t h = hk * g + r % g;
+        for (std::int64_t c = lo; c < hi; ++c) {
+          sr[c] = p.dropout_mask.keep(b, h, i, j0 + c) ? sr[c] * p.dropout_scale : 0.0f;
+        }
+      }
+    }
+  }
+  std::int64_t r = 0;
+  for (; r + 2 <= m; r += 2) pv_rows<2>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
+  if (r < m) pv_rows<1>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
+}
+
+// One split of sequence b for kv heads [hk0, hk1): the heads advance through
+// the split's key blocks together, so each block's token rows (all heads side
+// by side in memory) are streamed once, and the next block is prefetched.
+inline void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::int64_t hk1, std::int64_t split,
+                       float* scratch) {
+  const detail::SeqSpan& sp = p.spans[b];
+  const std::int64_t g = p.group, m = g * sp.q_len, dqk = p.dqk, dv = p.dv;
+  const std::int64_t ldq = p.plan.dqkp, lda = p.plan.dvp;
+  if (m == 0) return;
+  for (std::int64_t hk = hk0; hk < hk1; ++hk) {
+    const HeadState st = carve(p, scratch + (hk - hk0) * p.plan.head_floats);
+    for (std::int64_t r = 0; r < m; ++r) {
+      const std::int64_t i = r / g, h = hk * g + r % g;
+      const float* src = p.q + p.sq.offset(b, sp.q_begin + i, h);
+      for (std::int64_t d = 0; d < dqk; ++d) st.qs[r * ldq + d] = src[d] * p.scale;
+      std::fill(st.qs + r * ldq + dqk, st.qs + (r + 1) * ldq, 0.0f);
+      std::fill(st.acc + r * lda, st.acc + (r + 1) * lda, 0.0f);
+      std::fill(st.s + r * kBlockN, st.s + (r + 1) * kBlockN, 0.0f);
+      st.row_max[r] = kNegInf;
+      st.row_sum[r] = 0.0f;
+    }
+  }
+
+  const detail::KeyRange all = p.key_union(b);
+  const std::int64_t c0 = all.begin + split * p.plan.split_len;
+  const std::int64_t c1 = std::min(all.end, c0 + p.plan.split_len);
+  const float* kr[kBlockN];
+  const float* vr[kBlockN];
+  const float* nk[kBlockN];
+  const float* nv[kBlockN];
+  for (std::int64_t j0 = c0; j0 < c1; j0 += kBlockN) {
+    const std::int64_t n = std::min(kBlockN, c1 - j0), nn = std::min(kBlockN, c1 - j0 - kBlockN);
+    for (std::int64_t hk = hk0; hk < hk1; ++hk) {
+      if (nn > 0) {
+        p.gather(b, hk, j0 + kBlockN, nn, nk, nv);
+        prefetch_rows(nk, nn, dqk);
+        prefetch_rows(nv, nn, dv);
+      }
+      p.gather(b, hk, j0, n, kr, vr);
+      block_step(p, b, hk, j0, n, kr, vr, carve(p, scratch + (hk - hk0) * p.plan.head_floats));
+    }
+  }
+
+  const bool direct = p.splits(b) == 1;
+  for (std::int64_t hk = hk0; hk < hk1; ++hk) {
+    const HeadState st = carve(p, scratch + (hk - hk0) * p.plan.head_floats);
+    const RowSink sink{p, b, hk, split, direct};
+    for (std::int64_t r = 0; r < m; ++r) sink.write(r, st.acc + r * lda, st.row_max[r], st.row_sum[r]);
+  }
+}
+
+// Combines the splits of (sequence b, kv head hk) exactly through their LSEs:
+// lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s. Empty splits
+// (lse_s = -inf) weigh 0; a row empty in every split stays O = 0, LSE = -inf.
+inline void combine_task(const DecodeParams& p, std::int64_t b, std::int64_t hk) {
+  const detail::SeqSpan& sp = p.spans[b];
+  const std::int64_t ns = p.splits(b), g = p.group, dv = p.dv;
+  for (std::int64_t r = 0; r < g * sp.q_len; ++r) {
+    const std::int64_t i = r / g, h = hk * g + r % g, row = sp.q_begin + i;
+    float mx = kNegInf;
+    for (std::int64_t s = 0; s < ns; ++s) mx = std::max(mx, p.partial_lse(b, hk, s)[r]);
+    float* dst = p.out + p.so.offset(b, row, h);
+    if (mx == kNegInf) {
+      std::fill(dst, dst + dv, 0.0f);
+      p.lse[p.slse.offset(b, row, h)] = kNegInf;
+      continue;
+    }
+    float total = 0.0f;
+    for (std::int64_t s = 0; s < ns; ++s) total += std::exp(p.partial_lse(b, hk, s)[r] - mx);
+    const float lse = mx + std::log(total);
+    std::fill(dst, dst + dv, 0.0f);
+    for (std::int64_t s = 0; s < ns; ++s) {
+      const float w = std::exp(p.partial_lse(b, hk, s)[r] - lse);
+      if (w == 0.0f) continue;
+      const float* src = p.partial_out(b, hk, s) + r * p.plan.dvp;
+      std::int64_t d = 0;
+      const V wv = Simd::set1(w);
+      for (; d + W <= dv; d += W) Simd::store(dst + d, Simd::fmadd(wv, Simd::load(src + d), Simd::load(dst + d)));
+      for (; d < dv; ++d) dst[d] += w * src[d];
+    }
+    p.lse[p.slse.offset(b, row, h)] = lse;
+  }
+}
+
+}  // namespace attend::decode::ATTEND_DECODE_ISA

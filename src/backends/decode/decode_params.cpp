@@ -1,0 +1,87 @@
+#include "backends/decode/decode_params.h"
+
+#include <algorithm>
+
+namespace attend::decode {
+
+namespace {
+
+// A split must be long enough that its fixed costs (loading the query rows,
+// writing a partial, combining it) vanish next to streaming its keys, and there
+// must be enough splits to keep every core busy on a single long sequence.
+constexpr std::int64_t kMinSplitKeys = 256;
+constexpr std::int64_t kMaxSplits = 64;
+
+}  // namespace
+
+SplitPlan plan_splits(const AttentionSpec& s) {
+  SplitPlan p;
+  const std::int64_t sk = std::max<std::int64_t>(s.seqlen_kv, 1);
+  p.split_len = std::max(kMinSplitKeys, round_up((sk + kMaxSplits - 1) / kMaxSplits, kBlockN));
+  p.max_splits = std::max<std::int64_t>(1, (sk + p.split_len - 1) / p.split_len);
+  p.max_rows = s.group_size() * s.seqlen_q;
+  p.dqkp = round_up(s.head_dim_qk, kPad);
+  p.dvp = round_up(s.head_dim_v, kPad);
+  // Scaled q rows, scores, output accumulators, running max and sum.
+  p.head_floats = p.max_rows * (p.dqkp + kBlockN + p.dvp + 2) + 2 * kPad;
+  // Heads per task while one head's working set is small (decode shapes): up to
+  // all of them, within ~1 MiB of scratch.
+  constexpr std::int64_t kChunkFloats = std::int64_t{1} << 18;
+  p.head_chunk = std::clamp<std::int64_t>(kChunkFloats / std::max<std::int64_t>(p.head_floats, 1), 1, s.heads_kv);
+  p.scratch_floats = p.head_chunk * p.head_floats;
+  p.partial_floats = p.max_splits > 1 ? s.batch * s.heads_kv * p.max_splits * p.max_rows * (p.dvp + 1) : 0;
+  return p;
+}
+
+DecodeParams make_params(const ForwardArgs& a) {
+  const AttentionSpec& s = a.spec;
+  const Inputs& in = a.in;
+  DecodeParams p;
+  p.spec = &s;
+  p.plan = plan_splits(s);
+  p.batch = s.batch;
+  p.heads_q = s.heads_q;
+  p.heads_kv = s.heads_kv;
+  p.group = s.group_size();
+  p.dqk = s.head_dim_qk;
+  p.dv = s.head_dim_v;
+  p.scale = static_cast<float>(s.effective_scale());
+  p.softcap = static_cast<float>(s.softcap);
+  for (std::int64_t b = 0; b < s.batch; ++b) p.spans.push_back(detail::sequence_span(s, in, b));
+  p.q = in.q.as<const float>();
+  p.k = in.k.as<const float>();
+  p.v = in.v.as<const float>();
+  p.sq = detail::token_strides(in.q, s.layout);
+  if (s.paged()) {
+    p.pages = detail::page_table(s, in);
+    p.sk = detail::pool_strides(in.k);
+    p.sv = detail::pool_strides(in.v);
+  } else {
+    p.sk = detail::token_strides(in.k, s.layout);
+    p.sv = detail::token_strides(in.v, s.layout);
+  }
+  if (s.has_bias) {
+    p.bias = in.bias.as<const float>();
+    p.sbias = detail::bias_strides(in.bias);
+  }
+  if (s.alibi) {
+    p.slopes.resize(static_cast<std::size_t>(s.batch * s.heads_q));
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      for (std::int64_t h = 0; h < s.heads_q; ++h) {
+        p.slopes[static_cast<std::size_t>(b * s.heads_q + h)] = static_cast<float>(detail::alibi_slope(s, in, b, h));
+      }
+    }
+  }
+  if (s.dropout_p > 0) {
+    p.dropout = true;
+    p.dropout_mask = detail::DropoutMask::make(s.dropout_seed, s.dropout_p);
+    p.dropout_scale = static_cast<float>(1.0 / (1.0 - s.dropout_p));
+  }
+  p.out = a.out.as<float>();
+  p.so = detail::token_strides(a.out, s.layout);
+  p.lse = a.lse.as<float>();
+  p.slse = detail::lse_strides(a.lse, s.layout);
+  return p;
+}
+
+}  // namespace attend::decode

@@ -1,0 +1,27 @@
+// The decode kernels compiled for avx2. Standard and project headers come first,
+// outside the target region, so only the kernel code below is built for avx2
+// and no shared inline function can leak wider instructions into other paths.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+
+#include "backends/decode/decode_params.h"
+#include "backends/decode/dispatch.h"
+#include <immintrin.h>
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,bmi,bmi2,f16c")
+
+#define ATTEND_DECODE_ISA isa_avx2
+#define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx2
+#include "backends/flash/simd_avx2.h"
+#include "backends/decode/decode_impl.h"
+#pragma GCC pop_options
+
+namespace attend::decode {
+
+KernelTable kernels_avx2() { return {"avx2", &isa_avx2::split_task, &isa_avx2::combine_task}; }
+
+}  // namespace attend::decode

@@ -1,0 +1,22 @@
+// The decode kernels compiled for scalar. Standard and project headers come first,
+// outside the target region, so only the kernel code below is built for scalar
+// and no shared inline function can leak wider instructions into other paths.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+
+#include "backends/decode/decode_params.h"
+#include "backends/decode/dispatch.h"
+
+#define ATTEND_DECODE_ISA isa_scalar
+#define ATTEND_DECODE_SIMD ::attend::flash::SimdScalar
+#include "backends/flash/simd_scalar.h"
+#include "backends/decode/decode_impl.h"
+
+namespace attend::decode {
+
+KernelTable kernels_scalar() { return {"scalar", &isa_scalar::split_task, &isa_scalar::combine_task}; }
+
+}  // namespace attend::decode
