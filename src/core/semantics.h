@@ -32,6 +32,20 @@ inline KeyRange visible_keys(const AttentionSpec& spec, std::int64_t i, std::int
   return r;
 }
 
+// Queries [begin, end) that see key j: the inverse of visible_keys. Because a
+// row's visible range only moves right as i grows, they form one interval. With
+// t = j - (sk - sq): j < end_i <=> i >= t - right, and begin_i <= j <=> i <= t + left.
+// Compared before adding, as above (t lies in (sq - sk, sq], so sq - t cannot overflow).
+inline KeyRange visible_queries(const AttentionSpec& spec, std::int64_t j, std::int64_t sq, std::int64_t sk) {
+  if (j < 0 || j >= sk) return {0, 0};
+  const std::int64_t t = j - (sk - sq);
+  const std::int64_t right = spec.effective_window_right();
+  KeyRange r{0, sq};
+  if (right >= 0) r.begin = right >= t ? 0 : std::min(sq, t - right);
+  if (spec.window_left >= 0) r.end = spec.window_left >= sq - t - 1 ? sq : std::max<std::int64_t>(0, t + spec.window_left + 1);
+  return r;
+}
+
 // ALiBi, as documented by FlashAttention: -slope * |i + sk - sq - j|, in every
 // mask mode (we do not use FA2's causal shortcut, so LSE is the same either way).
 inline double alibi_term(double slope, std::int64_t i, std::int64_t j, std::int64_t sq,

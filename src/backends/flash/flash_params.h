@@ -71,6 +71,9 @@ struct FlashParams {
   detail::KeyRange keys(std::int64_t i, const detail::SeqSpan& s) const {
     return detail::visible_keys(*spec, i, s.q_len, s.kv_len);
   }
+  detail::KeyRange queries(std::int64_t j, const detail::SeqSpan& s) const {
+    return detail::visible_queries(*spec, j, s.q_len, s.kv_len);
+  }
   float slope(std::int64_t b, std::int64_t h) const {
     return static_cast<float>(detail::alibi_slope(*spec, *in, b, h));
   }

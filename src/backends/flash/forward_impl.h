@@ -63,17 +63,26 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
       prefetch_row(p.k_row(b, span, j, hk), dqk);
       prefetch_row(p.v_row(b, span, j, hk), dv);
     }
-    gemm<S, Tr::mr, Tr::nv>(n, mp, dqk, MatA{kblk, dqk, 1}, qt, BM, st, BM, false);
+    // Only the queries that see some key of this block take part: under a
+    // causal or window mask the rest of a diagonal block would be pure waste.
+    // [c0, c1) is that query range widened to whole vectors.
+    const detail::KeyRange seen_lo = p.queries(j0, span), seen_hi = p.queries(j0 + n - 1, span);
+    const std::int64_t c0 = std::max<std::int64_t>(0, seen_lo.begin - i0) / S::W * S::W;
+    const std::int64_t c1 = std::min(mp, round_up(std::max<std::int64_t>(0, seen_hi.end - i0), S::W));
+    if (c1 <= c0) continue;
+    const std::int64_t mc = std::min(m, c1) - c0;  // real queries in the range
+    float* sc = st + c0;
+    gemm<S, Tr::mr, Tr::nv>(n, c1 - c0, dqk, MatA{kblk, dqk, 1}, qt + c0, BM, sc, BM, false);
 
-    // Interior tiles (every query sees every key) of a plain problem need no pass.
-    const bool interior = last.begin <= j0 && first.end >= j0 + n;
-    const Tile tile{b, h, i0, m, j0, n, span, st, BM, true, n, mp};
+    // A plain tile in which every query of the range sees every key needs no pass.
+    const bool interior = p.keys(i0 + c0 + mc - 1, span).begin <= j0 && p.keys(i0 + c0, span).end >= j0 + n;
+    const Tile tile{b, h, i0 + c0, mc, j0, n, span, sc, BM, true, n, c1 - c0};
     if (!(plain && interior)) finish_logits<S>(p, tile, nullptr);
 
     // Online softmax, vectorised across queries. A query with nothing visible
     // yet keeps max = -inf; subtracting max(m, -FLT_MAX) keeps exp() at 0, not NaN.
     const V floor = S::set1(std::numeric_limits<float>::lowest());
-    for (std::int64_t c = 0; c < mp; c += S::W) {
+    for (std::int64_t c = c0; c < c1; c += S::W) {
       const V old_max = S::load(row_max + c);
       V new_max = old_max;
       for (std::int64_t j = 0; j < n; ++j) new_max = S::max(new_max, S::load(st + j * BM + c));
@@ -89,7 +98,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
       S::store(row_max + c, new_max);
       S::store(row_sum + c, S::fmadd(S::load(row_sum + c), a, sum));
     }
-    for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t r = c0; r < c0 + mc; ++r) {
       if (alpha[r] == 1.0f) continue;
       const V a = S::set1(alpha[r]);
       for (std::int64_t d = 0; d < dvp; d += S::W) S::store(acc + r * dvp + d, S::mul(S::load(acc + r * dvp + d), a));
@@ -97,7 +106,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     // Dropout acts on P after the sums: LSE and normalisation are pre-dropout.
     if (p.dropout) apply_dropout(p, tile);
 
-    gemm<S, Tr::mr, Tr::nv>(m, dvp, n, MatA{st, 1, BM}, vblk, dvp, acc, dvp, true);
+    gemm<S, Tr::mr, Tr::nv>(mc, dvp, n, MatA{sc, 1, BM}, vblk, dvp, acc + c0 * dvp, dvp, true);
   }
 
   for (std::int64_t r = 0; r < m; ++r) {

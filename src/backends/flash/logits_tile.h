@@ -57,15 +57,26 @@ inline void finish_logits(const FlashParams& p, const Tile& t, float* tanh_out) 
       const float* brow = p.bias + p.sbias.offset(t.b, t.h, i) + t.j0;
       for (std::int64_t c = 0; c < t.n; ++c) t.at(r, c) += brow[c];
     }
-    // Mask the keys outside this query's window.
+    if (t.key_major) continue;
+    // Mask the keys outside this query's window, and the padding keys.
     const detail::KeyRange vis = p.keys(i, t.span);
     const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - t.j0, 0, t.n);
     const std::int64_t hi = std::clamp<std::int64_t>(vis.end - t.j0, lo, t.n);
-    for (std::int64_t c = 0; c < lo; ++c) t.at(r, c) = kNegInf;
-    for (std::int64_t c = hi; c < t.n; ++c) t.at(r, c) = kNegInf;
+    float* row = t.s + r * t.ld;
+    std::fill(row, row + lo, kNegInf);
+    std::fill(row + hi, row + t.cols, kNegInf);
   }
-  if (!t.key_major) {  // padding keys of a query-major tile
-    for (std::int64_t r = 0; r < t.m; ++r) std::fill(t.s + r * t.ld + t.n, t.s + r * t.ld + t.cols, kNegInf);
+  if (t.key_major) {
+    // Rows are keys: the queries that see key j form one interval, so each
+    // row is masked with two contiguous fills.
+    for (std::int64_t c = 0; c < t.n; ++c) {
+      const detail::KeyRange q = p.queries(t.j0 + c, t.span);
+      const std::int64_t lo = std::clamp<std::int64_t>(q.begin - t.i0, 0, t.m);
+      const std::int64_t hi = std::clamp<std::int64_t>(q.end - t.i0, lo, t.m);
+      float* row = t.s + c * t.ld;
+      std::fill(row, row + lo, kNegInf);
+      std::fill(row + hi, row + t.m, kNegInf);
+    }
   }
 }
 
