@@ -26,11 +26,11 @@ std::string num(double v) {
   return buf;
 }
 
-// q's shape with the last (feature) dimension replaced: out and dout.
+// q's shape and dtype with the last (feature) dimension replaced: out and dout.
 Tensor zeros_with_last(const TensorView& like, std::int64_t last) {
   std::array<std::int64_t, TensorView::kMaxDims> shape = like.shape;
   shape[static_cast<std::size_t>(like.ndim - 1)] = last;
-  return Tensor::zeros(DType::f32, std::span<const std::int64_t>(shape.data(), static_cast<std::size_t>(like.ndim)));
+  return Tensor::zeros(like.dtype, std::span<const std::int64_t>(shape.data(), static_cast<std::size_t>(like.ndim)));
 }
 
 Tensor lse_tensor(const AttentionSpec& s) {

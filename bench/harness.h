@@ -26,7 +26,7 @@ std::string_view to_string(Impl impl);
 // "flash" | "reference" | "unfused"; throws attend::Error(invalid_argument) otherwise.
 Impl parse_impl(std::string_view text);
 
-// The input tensors of one problem, owned; f32, in spec.layout.
+// The input tensors of one problem, owned; in spec.dtype and spec.layout.
 struct ProblemTensors {
   Tensor q, k, v, dout;                       // dout: out's shape, needed for backward
   Tensor bias, slopes, cu_seqlens_q, cu_seqlens_kv;  // when the spec asks for them

@@ -52,17 +52,42 @@ std::vector<attend::AttentionSpec> problems_of(const BenchCommand& cmd, const Pr
   std::vector<attend::AttentionSpec> out;
   std::vector<std::int64_t> seqlens = cmd.seqlens;
   if (seqlens.empty()) seqlens.push_back(0);  // 0: keep the problem's own lengths
+  std::vector<attend::DType> dtypes;
+  for (const std::string& d : cmd.dtypes) dtypes.push_back(attend::parse_dtype(d, "--dtypes"));
+  if (dtypes.empty()) dtypes.push_back(base.spec.dtype);
   for (const std::int64_t s : seqlens) {
-    attend::AttentionSpec spec = base.spec;
-    if (s > 0) spec.seqlen_q = spec.seqlen_kv = s;
-    if (cmd.causal_sweep) {
-      spec.causal = false;
-      out.push_back(spec);
-      spec.causal = true;
+    for (const bool causal : cmd.causal_sweep ? std::vector<bool>{false, true} : std::vector<bool>{base.spec.causal}) {
+      for (const attend::DType dt : dtypes) {  // dtypes innermost: compared rows sit side by side
+        attend::AttentionSpec spec = base.spec;
+        if (s > 0) spec.seqlen_q = spec.seqlen_kv = s;
+        spec.causal = causal;
+        spec.dtype = dt;
+        out.push_back(spec);
+      }
     }
-    out.push_back(spec);
   }
   return out;
+}
+
+// "bf16 vs f32": for every row of a non-f32 dtype, the f32 row of the same
+// problem, implementation and pass measured in this run, as a speed-up.
+void print_dtype_ratios(std::ostream& os, const ab::Report& report) {
+  bool any = false;
+  for (const ab::Row& r : report.rows) {
+    if (r.spec.dtype == attend::DType::f32) continue;
+    attend::AttentionSpec as_f32 = r.spec;
+    as_f32.dtype = attend::DType::f32;
+    for (const ab::Row& base : report.rows) {
+      if (base.impl != r.impl || base.pass != r.pass || attend::signature(base.spec) != attend::signature(as_f32)) continue;
+      if (!any) os << "\ndtype speed-ups (same problem, same run; f32 time / this dtype's time):\n";
+      any = true;
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "  %-40s %-8s %-9s %s vs f32: %.2fx\n", r.problem.c_str(),
+                    std::string(ab::to_string(r.impl)).c_str(), std::string(attend::to_string(r.pass)).c_str(),
+                    std::string(attend::to_string(r.spec.dtype)).c_str(), base.timing.best_s / r.timing.best_s);
+      os << buf;
+    }
+  }
 }
 
 }  // namespace
@@ -82,6 +107,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd) {
   sub->add_option("--seqlens", cmd.seqlens, "sweep: each value sets seqlen_q = seqlen_kv, e.g. 1024,4096")
       ->delimiter(',')->check(positive_int())->group(g);
   sub->add_flag("--causal-sweep", cmd.causal_sweep, "run every problem both non-causal and causal")->group(g);
+  sub->add_option("--dtypes", cmd.dtypes,
+                  "run every problem in each dtype, e.g. f32,bf16 (prints each dtype's speed-up over f32)")
+      ->delimiter(',')->check(CLI::IsMember({"f32", "bf16", "f16"}))->group(g);
   sub->add_option("--impls", cmd.impls, "implementations: flash,unfused,reference")
       ->delimiter(',')->check(CLI::IsMember({"flash", "unfused", "reference"}))->group(g)->capture_default_str();
   sub->add_option("--passes", cmd.passes, "passes: forward,backward [forward only with --inference]")
@@ -116,9 +144,17 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
   }
   reject_policy_flags(cmd.problem);
   const Problem base = make_problem(cmd.problem);
-  if (base.spec.dtype != attend::DType::f32) {
+  const auto measurable = [](attend::DType d) {
+    return d == attend::DType::f32 || d == attend::DType::bf16 || d == attend::DType::f16;
+  };
+  if (!measurable(base.spec.dtype)) {
     throw attend::Error(attend::ErrorCode::invalid_argument, "--dtype", std::string(attend::to_string(base.spec.dtype)),
-                        "attend bench measures f32 (what flash and the unfused baseline compute)");
+                        "attend bench measures f32, bf16 and f16 (what flash computes; unfused is f32 only)");
+  }
+  for (const std::string& d : cmd.dtypes) {
+    if (!measurable(attend::parse_dtype(d, "--dtypes"))) {
+      throw attend::Error(attend::ErrorCode::invalid_argument, "--dtypes", d, "expected f32, bf16 or f16");
+    }
   }
 
   ab::HarnessOptions opt;
@@ -152,6 +188,7 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
 
   const ab::Report report = ab::run_benchmarks(problems, opt, ab::make_header(peak));
   ab::print_report(std::cout, report);
+  print_dtype_ratios(std::cout, report);
   if (cmd.summary) ab::print_target_summary(std::cout, report);
   if (!cmd.csv_path.empty()) {
     ab::write_csv(cmd.csv_path, report);

@@ -87,7 +87,10 @@ void save_all(const std::string& dir, const ProblemData& d, const attend::Forwar
   std::string names;
   const auto save = [&](const char* name, const attend::Tensor& t) {
     if (!t.defined()) return;
-    attend::write_npy((std::filesystem::path(dir) / (std::string(name) + ".npy")).string(), t);
+    // NumPy has no bf16: bf16 tensors are saved as '<f4' (exact widening) and
+    // rounded back to bf16 when loaded with --dtype bf16 (problem_data.cpp).
+    const attend::Tensor& w = t.view().dtype == attend::DType::bf16 ? convert(t, attend::DType::f32) : t;
+    attend::write_npy((std::filesystem::path(dir) / (std::string(name) + ".npy")).string(), w);
     names += (names.empty() ? "" : ", ") + std::string(name);
   };
   save("q", d.q);

@@ -45,6 +45,7 @@ struct BenchCommand {
   ProblemFlags problem;  // add_bench_command sets the target shape as the defaults
   std::vector<std::int64_t> seqlens;  // each sets seqlen_q = seqlen_kv
   bool causal_sweep = false, summary = false, force_reference = false;
+  std::vector<std::string> dtypes;  // each problem once per dtype (f32, bf16, f16); empty: --dtype
   std::vector<std::string> impls{"flash", "unfused"};
   std::vector<std::string> passes{"forward", "backward"};
   double min_time = 0.5;

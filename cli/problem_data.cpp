@@ -51,11 +51,15 @@ void fill_normal(const Tensor& t, std::uint64_t seed, std::uint32_t stream, doub
 Tensor load_checked(const std::string& path, const char* what, DType dtype, const Shape& shape) {
   Tensor t = attend::read_npy(path);
   const Shape got = view_shape(t.view());
+  // bf16 has no NumPy dtype: it travels as '<f4' and is rounded to nearest even
+  // here (exact for arrays --save wrote from bf16 data).
+  if (dtype == DType::bf16 && t.view().dtype == DType::f32 && got == shape) return convert(t, DType::bf16);
   if (t.view().dtype != dtype || got != shape) {
     throw attend::Error(attend::ErrorCode::shape_mismatch, what,
                         path + ": " + std::string(attend::to_string(t.view().dtype)) + " " + shape_string(got),
                         std::string("this problem needs ") + what + " as " +
-                            std::string(attend::to_string(dtype)) + " " + shape_string(shape));
+                            std::string(attend::to_string(dtype)) + " " + shape_string(shape) +
+                            (dtype == DType::bf16 ? " (bf16 is exchanged as '<f4' arrays, rounded on load)" : ""));
   }
   return t;
 }

@@ -9,6 +9,7 @@
 
 #include "attend/error.h"
 #include "attend/registry.h"
+#include "core/checked.h"
 #include "flag_checks.h"
 
 namespace attend_cli {
@@ -108,8 +109,11 @@ void set_varlen(const ProblemFlags& f, Problem& p) {
   s.batch = static_cast<std::int64_t>(p.lens_q.size());
   s.seqlen_q = *std::max_element(p.lens_q.begin(), p.lens_q.end());
   s.seqlen_kv = *std::max_element(p.lens_kv.begin(), p.lens_kv.end());
-  s.total_q = std::accumulate(p.lens_q.begin(), p.lens_q.end(), std::int64_t{0});
-  s.total_kv = std::accumulate(p.lens_kv.begin(), p.lens_kv.end(), std::int64_t{0});
+  // Checked: lengths come from the command line and may sum past int64.
+  s.total_q = 0;
+  for (const std::int64_t len : p.lens_q) s.total_q = attend::detail::checked_add(s.total_q, len, "varlen-q total");
+  s.total_kv = 0;
+  for (const std::int64_t len : p.lens_kv) s.total_kv = attend::detail::checked_add(s.total_kv, len, "varlen-kv total");
 }
 
 void set_kv_cache(const ProblemFlags& f, Problem& p) {

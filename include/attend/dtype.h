@@ -7,9 +7,10 @@
 
 namespace attend {
 
-// f32 and f64 are computed today; bf16 and f16 can be described (so that a spec
-// can say what the user has and every backend can answer "not supported" with a
-// reason) but no backend computes them yet. i32 is for index tensors (cu_seqlens).
+// f32, f64, bf16 and f16 are element types of q/k/v/out and the gradients
+// (which backend computes which, per pass, is each backend's check()). bf16 and
+// f16 are stored as 2-byte values and computed with f32 accumulation; their LSE
+// is f32. i32 is for index tensors (cu_seqlens, block tables).
 enum class DType : std::uint8_t { f32, f64, bf16, f16, i32 };
 
 std::size_t size_of(DType dtype);

@@ -18,13 +18,14 @@ _DTYPES = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", t
 
 
 def dtype_name(t, name="query"):
-    """attend's name for t's dtype. bf16/f16 are passed on so that selection
-    explains why no backend computes them (they are never silently upcast)."""
+    """attend's name for t's dtype. bf16/f16 are computed natively (f32
+    accumulation inside the kernels, results in the input dtype); any backend
+    that cannot do them says so in its reasons (never a silent upcast)."""
     try:
         return _DTYPES[t.dtype]
     except KeyError:
         _raise(InvalidArgumentError, f"{name}.dtype", t.dtype,
-               "attend computes float32 and float64 (bfloat16/float16 are described, not computed)")
+               "attend computes float32, float64, bfloat16 and float16")
 
 
 def top_left_window(sq, sk, left, right):

@@ -7,9 +7,11 @@
 Each call selects a backend for its problem: in *training* mode (forward and
 backward must be supported) whenever grad mode is on and an input requires grad,
 else in *inference* mode (forward only). Backward runs on the backend forward
-chose, from the saved LSE and dropout seed. CPU tensors, float32 (flash,
-reference) and float64 (reference); other dtypes raise UnsupportedError with the
-reasons rather than being upcast. Errors are attend.errors classes.
+chose, from the saved LSE and dropout seed. CPU tensors: float32, bfloat16 and
+float16 (flash, decode, reference; half types accumulate in f32 and return
+results and gradients in their own dtype, LSE in float32) and float64
+(reference); a backend that cannot do a dtype gives its reasons rather than
+upcasting. Errors are attend.errors classes.
 """
 
 import torch

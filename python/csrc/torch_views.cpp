@@ -16,8 +16,7 @@ DType dtype_of(const at::Tensor& t, const char* name) {
     case at::kInt: return DType::i32;
     default:
       throw Error(ErrorCode::invalid_argument, std::string(name) + ".dtype", std::string(c10::toString(t.scalar_type())),
-                  "attend handles float32, float64 (bfloat16/float16 are described but not computed yet) and int32 "
-                  "index tensors");
+                  "attend handles float32, float64, bfloat16, float16 and int32 index tensors");
   }
 }
 

@@ -43,13 +43,21 @@ def test_explain_other_apis_and_the_spec_level_form():
         attend.explain(head_dim_gq=3)
 
 
-def test_bf16_and_f16_raise_unsupported_with_dtype_reasons_not_upcast():
+def test_unsupported_dtype_raises_with_a_dtype_reason_not_an_upcast():
+    # bf16/f16 are computed (test_half_precision.py); int tensors are not attention inputs.
+    q, k, v = (t.to(torch.int16) for t in tensors())
+    with pytest.raises(attend.InvalidArgumentError) as e:
+        sdpa(q, k, v)
+    assert "dtype" in str(e.value)
+
+
+def test_bf16_and_f16_are_selected_without_upcast_and_keep_their_dtype():
     for dtype in (torch.bfloat16, torch.float16):
         q, k, v = tensors(dtype=dtype)
-        with pytest.raises(attend.UnsupportedError) as e:
-            sdpa(q, k, v)
-        assert "[dtype]" in str(e.value) and e.value.code == "unsupported"
-        assert at.explain(q, k, v).selected is None
+        out = sdpa(q, k, v)
+        assert out.dtype == dtype
+        e = at.explain(q, k, v)
+        assert e.selected is not None and f" {'bf16' if dtype == torch.bfloat16 else 'f16'} " in e.data["problem"]
 
 
 def test_policy_force_and_disable_mirror_the_environment(restore_policy):

@@ -21,7 +21,7 @@ using attend::Tensor;
 
 std::vector<std::byte> bytes_of(const std::string& s) {
   std::vector<std::byte> b(s.size());
-  std::memcpy(b.data(), s.data(), s.size());
+  if (!s.empty()) std::memcpy(b.data(), s.data(), s.size());  // b.data() is null when empty (UBSan)
   return b;
 }
 

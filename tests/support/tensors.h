@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attend/attend.h"
+#include "core/half.h"
 
 namespace attend::testing {
 
@@ -22,6 +23,26 @@ inline Tensor token_tensor(const AttentionSpec& s, std::int64_t rows, std::int64
   return {};
 }
 
+// Element i of a contiguous f32/f64/bf16/f16 tensor, as double.
+inline double element(const TensorView& t, std::int64_t i) {
+  switch (t.dtype) {
+    case DType::f64: return t.as<double>()[i];
+    case DType::bf16: return static_cast<float>(t.as<detail::bf16_t>()[i]);
+    case DType::f16: return static_cast<float>(t.as<detail::f16_t>()[i]);
+    default: return t.as<float>()[i];
+  }
+}
+
+// Stores x (rounded to nearest even for bf16/f16) as element i.
+inline void set_element(const TensorView& t, std::int64_t i, double x) {
+  switch (t.dtype) {
+    case DType::f64: t.as<double>()[i] = x; return;
+    case DType::bf16: t.as<detail::bf16_t>()[i] = detail::bf16_t(x); return;
+    case DType::f16: t.as<detail::f16_t>()[i] = detail::f16_t(x); return;
+    default: t.as<float>()[i] = static_cast<float>(x); return;
+  }
+}
+
 inline void fill_normal(const Tensor& t, std::uint64_t seed, double stddev = 1.0) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> dist(0.0, stddev);
@@ -29,7 +50,7 @@ inline void fill_normal(const Tensor& t, std::uint64_t seed, double stddev = 1.0
   if (t.view().dtype == DType::f64) {
     for (std::int64_t i = 0; i < n; ++i) t.as<double>()[i] = dist(rng);
   } else {
-    for (std::int64_t i = 0; i < n; ++i) t.as<float>()[i] = static_cast<float>(dist(rng));
+    for (std::int64_t i = 0; i < n; ++i) set_element(t, i, static_cast<float>(dist(rng)));
   }
 }
 
@@ -87,12 +108,12 @@ inline Problem make_problem(AttentionSpec s, std::uint64_t seed, std::vector<std
   return p;
 }
 
-// max |a - b| over two tensors of the same shape and dtype (f32 or f64).
+// max |a - b| over two tensors of the same shape (any float dtypes, mixed allowed).
 inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
   for (std::int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.view().dtype == DType::f64 ? a.as<double>()[i] : a.as<float>()[i];
-    const double y = b.view().dtype == DType::f64 ? b.as<double>()[i] : b.as<float>()[i];
+    const double x = element(a, i);
+    const double y = element(b, i);
     if (std::isinf(x) && std::isinf(y) && (x > 0) == (y > 0)) continue;
     m = std::max(m, std::abs(x - y));
     if (std::isnan(x) != std::isnan(y)) return INFINITY;
@@ -106,7 +127,7 @@ namespace attend::testing {
 
 // A copy of `t` converted to f64 (i32 and f64 tensors are copied as they are).
 inline Tensor to_f64(const Tensor& t) {
-  if (!t.defined() || t.view().dtype != DType::f32) {
+  if (!t.defined() || t.view().dtype == DType::f64 || t.view().dtype == DType::i32) {
     if (!t.defined()) return t;
     Tensor c = Tensor::zeros_like(t.view());
     std::copy_n(static_cast<const std::byte*>(t.data()), t.numel() * static_cast<std::int64_t>(size_of(t.view().dtype)),
@@ -116,7 +137,17 @@ inline Tensor to_f64(const Tensor& t) {
   TensorView v = t.view();
   v.dtype = DType::f64;
   Tensor c = Tensor::zeros_like(v);
-  for (std::int64_t i = 0; i < t.numel(); ++i) c.as<double>()[i] = t.as<float>()[i];
+  for (std::int64_t i = 0; i < t.numel(); ++i) c.as<double>()[i] = element(t, i);
+  return c;
+}
+
+// A copy of `t` converted to `dtype` (rounded to nearest even when narrowing).
+inline Tensor convert(const Tensor& t, DType dtype) {
+  if (!t.defined()) return t;
+  TensorView v = t.view();
+  v.dtype = dtype;
+  Tensor c = Tensor::zeros_like(v);
+  for (std::int64_t i = 0; i < t.numel(); ++i) set_element(c, i, element(t, i));
   return c;
 }
 
@@ -162,7 +193,7 @@ inline PassResults run_backend(const Backend& backend, const Problem& p, bool wi
 inline double max_abs(const Tensor& t) {
   double m = 0;
   for (std::int64_t i = 0; i < t.numel(); ++i) {
-    const double x = t.view().dtype == DType::f64 ? t.as<double>()[i] : t.as<float>()[i];
+    const double x = element(t, i);
     if (std::isfinite(x)) m = std::max(m, std::abs(x));
   }
   return m;

@@ -8,7 +8,8 @@
 // of the sequence) share one pass over their kv head, so K/V are read once.
 // Reads paged caches (spec.kv_page_size > 0) in place. Memory-bound by design.
 //
-// Supports f32; any head dims up to kDecodeMaxHeadDim (equal or not: 192/128,
+// Supports f32, bf16 and f16 (K/V and q widened as they are loaded; f32
+// accumulation and LSE; out in the input dtype); any head dims up to kDecodeMaxHeadDim (equal or not: 192/128,
 // 64/512); GQA/MQA, causal/window masks, softcap, ALiBi, additive bias, dropout,
 // varlen, strided and paged K/V. It has no backward: check(spec, Pass::backward)
 // says so (ReasonCode::no_backward), so training never selects it. Forward
@@ -39,7 +40,7 @@ struct DecodeOptions {
 std::shared_ptr<const Backend> make_decode_backend(DecodeOptions options = {});
 
 // The kernel family decode runs with ("avx512", "avx2" or "scalar"); ATTEND_ISA
-// forces one (an ISA the CPU lacks is an attend::Error).
+// forces one (an ISA the CPU lacks is an attend::Error; avx512amx/avx512bf16 run avx512).
 std::string_view decode_active_isa();
 
 }  // namespace attend

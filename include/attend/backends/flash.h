@@ -1,12 +1,19 @@
 // The flash backend: tiled online-softmax attention on the CPU (FlashAttention-2
 // algorithm), forward and backward, SIMD kernels chosen at run time.
 //
-// Supports f32; head_dim_qk <= 256 and head_dim_v <= 512 in both passes (equal or
+// Supports f32, bf16 and f16 in both passes (half types: f32 tiles and
+// accumulators, results rounded once to the input dtype, f32 LSE; extra backward
+// workspace of group * seqlen_q * head_dim_qk floats per thread for the f32 dQ
+// sum); head_dim_qk <= 256 and head_dim_v <= 512 in both passes (equal or
 // different, any size); GQA/MQA, causal/window masks, softcap, ALiBi, additive
 // bias (forward; no dbias), dropout (the shared Philox mask), varlen, strided
-// inputs. Extra memory is per thread and independent of sequence length.
+// inputs. Extra memory is per thread and independent of sequence length (f32;
+// the bf16/f16 backward adds the dQ sum above).
 // Backward is bitwise identical across runs and thread counts.
-// Environment: ATTEND_ISA=avx512|avx2|scalar forces a kernel family;
+// Environment: ATTEND_ISA=avx512amx|avx512bf16|avx512|avx2|scalar forces a kernel
+// family (avx512amx, the default where CPU and OS allow it: the bf16 forward's
+// and backward's GEMMs on AMX tiles; avx512bf16, opt-in: the bf16 forward's on
+// vdpbf16ps);
 // ATTEND_NUM_THREADS caps its threads (else OpenMP's setting).
 #pragma once
 
@@ -23,7 +30,7 @@ inline constexpr std::int64_t kFlashMaxHeadDimV = 512;
 
 std::shared_ptr<const Backend> make_flash_backend();
 
-// The kernel family flash runs with: "avx512", "avx2" or "scalar" (ATTEND_ISA, or
+// The kernel family flash runs with: "avx512amx", "avx512bf16", "avx512", "avx2" or "scalar" (ATTEND_ISA, or
 // the widest this CPU supports). Throws attend::Error if ATTEND_ISA is invalid.
 std::string_view flash_active_isa();
 // Whether this CPU can run the named kernel family.

@@ -54,8 +54,9 @@ class DecodeBackend final : public Backend {
       sup.require(false, ReasonCode::no_backward,
                   "decode has no backward pass (a forward-only split-KV inference kernel)");
     }
-    sup.require(s.dtype == DType::f32, ReasonCode::dtype,
-                "dtype=" + std::string(to_string(s.dtype)) + " is not computed by decode (f32 only)");
+    sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype,
+                "dtype=" + std::string(to_string(s.dtype)) +
+                    " is not computed by decode (f32, bf16, f16; f32 accumulation)");
     sup.require(s.seqlen_q <= options_.max_seqlen_q, ReasonCode::seqlen,
                 "seqlen_q=" + std::to_string(s.seqlen_q) + " exceeds the decode limit " +
                     std::to_string(options_.max_seqlen_q) + " (longer query blocks run faster on flash)");
@@ -87,7 +88,7 @@ class DecodeBackend final : public Backend {
 
  protected:
   void run_forward(const ForwardArgs& a) const override {
-    const decode::KernelTable& k = decode::active_kernels();
+    const decode::DtypeKernels& k = decode::active_kernels().for_dtype(a.spec.dtype);
     decode::DecodeParams p = decode::make_params(a);
     auto* base = static_cast<float*>(a.workspace.data);
     p.partial = base;

@@ -7,6 +7,11 @@
 // the GQA group. Rows of one kv head sit heads_kv * D floats apart (a page
 // apart at each page boundary), beyond what hardware prefetchers follow, so the
 // next block's rows are prefetched explicitly while this one is computed.
+//
+// Every kernel is a template on the element type E of q/k/v/bias/out (float,
+// bf16_t, f16_t): K/V rows are widened to f32 as they are loaded
+// (core/half_simd.h), so a bf16/f16 cache streams half the bytes of an f32 one
+// while all arithmetic, the partials and the LSE stay f32.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +20,7 @@
 #include <limits>
 
 #include "backends/decode/decode_params.h"
+#include "core/half_simd.h"
 
 namespace attend::decode::ATTEND_DECODE_ISA {
 
@@ -22,18 +28,20 @@ using Simd = ATTEND_DECODE_SIMD;
 using V = typename Simd::V;
 constexpr int W = Simd::W;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using detail::load_f32;
+using detail::to_f32;
 
 // s[r * ldS + c] = <q_r, k_c> for R query rows and KB keys; the R * KB
 // accumulators hide the FMA latency and each K load serves R rows.
-template <int R, int KB>
-inline void dot_tile(const float* q, std::int64_t ldq, const float* const* k, std::int64_t dqk, float* s) {
+template <int R, int KB, class E>
+inline void dot_tile(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk, float* s) {
   const std::int64_t dvec = dqk / W * W;
   V acc[R][KB];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < KB; ++c) acc[r][c] = Simd::zero();
   for (std::int64_t d = 0; d < dvec; d += W) {
     V kv[KB];
-    for (int c = 0; c < KB; ++c) kv[c] = Simd::load(k[c] + d);
+    for (int c = 0; c < KB; ++c) kv[c] = load_f32<Simd>(k[c] + d);
     for (int r = 0; r < R; ++r) {
       const V qv = Simd::load(q + r * ldq + d);
       for (int c = 0; c < KB; ++c) acc[r][c] = Simd::fmadd(qv, kv[c], acc[r][c]);
@@ -42,31 +50,34 @@ inline void dot_tile(const float* q, std::int64_t ldq, const float* const* k, st
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < KB; ++c) {
       float x = Simd::reduce_add(acc[r][c]);
-      for (std::int64_t d = dvec; d < dqk; ++d) x += q[r * ldq + d] * k[c][d];
+      // Explicit fma: the same rounding whatever the element type (contraction of
+      // x += a * b is otherwise the compiler's choice, and differs per type).
+      for (std::int64_t d = dvec; d < dqk; ++d) x = std::fma(q[r * ldq + d], to_f32(k[c][d]), x);
       s[r * kBlockN + c] = x;
     }
   }
 }
 
 // Scores of m rows against the n keys of a block.
-inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const float* const* k, std::int64_t n,
+template <class E>
+inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* const* k, std::int64_t n,
                    std::int64_t dqk, float* s) {
   std::int64_t r = 0;
   for (; r + 4 <= m; r += 4) {
     std::int64_t j = 0;
-    for (; j + 2 <= n; j += 2) dot_tile<4, 2>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
-    if (j < n) dot_tile<4, 1>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
+    for (; j + 2 <= n; j += 2) dot_tile<4, 2, E>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
+    if (j < n) dot_tile<4, 1, E>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
   }
   for (; r < m; ++r) {
     std::int64_t j = 0;
-    for (; j + 4 <= n; j += 4) dot_tile<1, 4>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
-    for (; j < n; ++j) dot_tile<1, 1>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
+    for (; j + 4 <= n; j += 4) dot_tile<1, 4, E>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
+    for (; j < n; ++j) dot_tile<1, 1, E>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
   }
 }
 
 // acc_r += sum_j p[r][j] * v_j for R rows; each V load serves R rows.
-template <int R, int NV>
-inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, const float* const* v,
+template <int R, int NV, class E>
+inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, const E* const* v,
                              std::int64_t n, float* acc, std::int64_t lda) {
   for (; d + NV * W <= dvec; d += NV * W) {
     V a[R][NV];
@@ -74,7 +85,7 @@ inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, 
       for (int u = 0; u < NV; ++u) a[r][u] = Simd::load(acc + r * lda + d + u * W);
     for (std::int64_t j = 0; j < n; ++j) {
       V vv[NV];
-      for (int u = 0; u < NV; ++u) vv[u] = Simd::load(v[j] + d + u * W);
+      for (int u = 0; u < NV; ++u) vv[u] = load_f32<Simd>(v[j] + d + u * W);
       for (int r = 0; r < R; ++r) {
         const V pj = Simd::set1(p[r * kBlockN + j]);
         for (int u = 0; u < NV; ++u) a[r][u] = Simd::fmadd(pj, vv[u], a[r][u]);
@@ -86,29 +97,32 @@ inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, 
   return d;
 }
 
-template <int R>
-inline void pv_rows(const float* p, const float* const* v, std::int64_t n, std::int64_t dv, float* acc,
+template <int R, class E>
+inline void pv_rows(const float* p, const E* const* v, std::int64_t n, std::int64_t dv, float* acc,
                     std::int64_t lda) {
   const std::int64_t dvec = dv / W * W;
-  std::int64_t d = pv_panel<R, 4>(0, dvec, p, v, n, acc, lda);
-  d = pv_panel<R, 1>(d, dvec, p, v, n, acc, lda);
+  std::int64_t d = pv_panel<R, 4, E>(0, dvec, p, v, n, acc, lda);
+  d = pv_panel<R, 1, E>(d, dvec, p, v, n, acc, lda);
   for (; d < dv; ++d) {
     for (int r = 0; r < R; ++r) {
       float x = acc[r * lda + d];
-      for (std::int64_t j = 0; j < n; ++j) x += p[r * kBlockN + j] * v[j][d];
+      for (std::int64_t j = 0; j < n; ++j) x = std::fma(p[r * kBlockN + j], to_f32(v[j][d]), x);
       acc[r * lda + d] = x;
     }
   }
 }
 
-inline void prefetch_rows(const float* const* rows, std::int64_t n, std::int64_t dim) {
+template <class E>
+inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim) {
+  constexpr std::int64_t kLine = 64 / static_cast<std::int64_t>(sizeof(E));  // elements per cache line
   for (std::int64_t j = 0; j < n; ++j) {
-    for (std::int64_t d = 0; d < dim; d += 16) __builtin_prefetch(rows[j] + d, 0, 1);
+    for (std::int64_t d = 0; d < dim; d += kLine) __builtin_prefetch(rows[j] + d, 0, 1);
   }
 }
 
 // Where a finished row goes: straight to out/lse when the sequence has one
 // split, else to the split's partial slot for the combine.
+template <class E>
 struct RowSink {
   const DecodeParams& p;
   std::int64_t b, hk, split;
@@ -119,8 +133,8 @@ struct RowSink {
     const float lse = l > 0 ? m + std::log(l) : kNegInf;
     if (direct) {
       const std::int64_t row = p.spans[b].q_begin + i;
-      float* dst = p.out + p.so.offset(b, row, h);
-      for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = acc[d] * inv;
+      E* dst = static_cast<E*>(p.out) + p.so.offset(b, row, h);
+      for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = detail::from_f32<E>(acc[d] * inv);
       p.lse[p.slse.offset(b, row, h)] = lse;
     } else {
       float* dst = p.partial_out(b, hk, split) + r * p.plan.dvp;
@@ -132,6 +146,7 @@ struct RowSink {
 
 // Softcap, ALiBi, bias and the mask of one row's block of scores, in the order
 // of the spec: softcap(s), + alibi, + bias, -inf outside [lo, hi).
+template <class E>
 inline void finish_row(const DecodeParams& p, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j0,
                        std::int64_t lo, std::int64_t hi, float* s) {
   if (p.softcap > 0) {
@@ -144,8 +159,8 @@ inline void finish_row(const DecodeParams& p, std::int64_t b, std::int64_t h, st
     for (std::int64_t c = lo; c < hi; ++c) s[c] -= slope * static_cast<float>(std::llabs(pos - (j0 + c)));
   }
   if (p.bias) {
-    const float* brow = p.bias + p.sbias.offset(b, h, i) + j0;
-    for (std::int64_t c = lo; c < hi; ++c) s[c] += brow[c];
+    const E* brow = static_cast<const E*>(p.bias) + p.sbias.offset(b, h, i) + j0;
+    for (std::int64_t c = lo; c < hi; ++c) s[c] += to_f32(brow[c]);
   }
   for (std::int64_t c = 0; c < lo; ++c) s[c] = kNegInf;
   for (std::int64_t c = hi; c < kBlockN; ++c) s[c] = kNegInf;
@@ -173,8 +188,9 @@ inline HeadState carve(const DecodeParams& p, float* base) {
 
 // Keys [j0, j0 + n) of kv head hk for its m query rows (r = i * group + g):
 // scores, mask and logit terms, online softmax, P V.
+template <class E>
 inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n,
-                       const float* const* kr, const float* const* vr, const HeadState& st) {
+                       const E* const* kr, const E* const* vr, const HeadState& st) {
   const detail::SeqSpan& sp = p.spans[b];
   const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
   const bool plain = p.softcap == 0 && p.slopes.empty() && !p.bias;
@@ -189,7 +205,7 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
         for (std::int64_t c = 0; c < lo; ++c) sr[c] = kNegInf;
         for (std::int64_t c = hi; c < kBlockN; ++c) sr[c] = kNegInf;
       } else {
-        finish_row(p, b, hk * g + r % g, i, j0, lo, hi, sr);
+        finish_row<E>(p, b, hk * g + r % g, i, j0, lo, hi, sr);
       }
       // Online softmax. A row with nothing visible yet keeps max = -inf and
       // gets P = 0 (exp of -inf is exactly 0 in every Simd::exp).
@@ -233,7 +249,8 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
 // One split of sequence b for kv heads [hk0, hk1): the heads advance through
 // the split's key blocks together, so each block's token rows (all heads side
 // by side in memory) are streamed once, and the next block is prefetched.
-inline void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::int64_t hk1, std::int64_t split,
+template <class E>
+void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::int64_t hk1, std::int64_t split,
                        float* scratch) {
   const detail::SeqSpan& sp = p.spans[b];
   const std::int64_t g = p.group, m = g * sp.q_len, dqk = p.dqk, dv = p.dv;
@@ -243,8 +260,8 @@ inline void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, 
     const HeadState st = carve(p, scratch + (hk - hk0) * p.plan.head_floats);
     for (std::int64_t r = 0; r < m; ++r) {
       const std::int64_t i = r / g, h = hk * g + r % g;
-      const float* src = p.q + p.sq.offset(b, sp.q_begin + i, h);
-      for (std::int64_t d = 0; d < dqk; ++d) st.qs[r * ldq + d] = src[d] * p.scale;
+      const E* src = static_cast<const E*>(p.q) + p.sq.offset(b, sp.q_begin + i, h);
+      for (std::int64_t d = 0; d < dqk; ++d) st.qs[r * ldq + d] = to_f32(src[d]) * p.scale;
       std::fill(st.qs + r * ldq + dqk, st.qs + (r + 1) * ldq, 0.0f);
       std::fill(st.acc + r * lda, st.acc + (r + 1) * lda, 0.0f);
       std::fill(st.s + r * kBlockN, st.s + (r + 1) * kBlockN, 0.0f);
@@ -256,10 +273,10 @@ inline void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, 
   const detail::KeyRange all = p.key_union(b);
   const std::int64_t c0 = all.begin + split * p.plan.split_len;
   const std::int64_t c1 = std::min(all.end, c0 + p.plan.split_len);
-  const float* kr[kBlockN];
-  const float* vr[kBlockN];
-  const float* nk[kBlockN];
-  const float* nv[kBlockN];
+  const E* kr[kBlockN];
+  const E* vr[kBlockN];
+  const E* nk[kBlockN];
+  const E* nv[kBlockN];
   for (std::int64_t j0 = c0; j0 < c1; j0 += kBlockN) {
     const std::int64_t n = std::min(kBlockN, c1 - j0), nn = std::min(kBlockN, c1 - j0 - kBlockN);
     for (std::int64_t hk = hk0; hk < hk1; ++hk) {
@@ -276,39 +293,49 @@ inline void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, 
   const bool direct = p.splits(b) == 1;
   for (std::int64_t hk = hk0; hk < hk1; ++hk) {
     const HeadState st = carve(p, scratch + (hk - hk0) * p.plan.head_floats);
-    const RowSink sink{p, b, hk, split, direct};
+    const RowSink<E> sink{p, b, hk, split, direct};
     for (std::int64_t r = 0; r < m; ++r) sink.write(r, st.acc + r * lda, st.row_max[r], st.row_sum[r]);
   }
 }
 
+inline constexpr std::int64_t kCombineChunk = 256;  // a multiple of every W
+
 // Combines the splits of (sequence b, kv head hk) exactly through their LSEs:
 // lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s. Empty splits
 // (lse_s = -inf) weigh 0; a row empty in every split stays O = 0, LSE = -inf.
-inline void combine_task(const DecodeParams& p, std::int64_t b, std::int64_t hk) {
+template <class E>
+void combine_task(const DecodeParams& p, std::int64_t b, std::int64_t hk) {
   const detail::SeqSpan& sp = p.spans[b];
   const std::int64_t ns = p.splits(b), g = p.group, dv = p.dv;
   for (std::int64_t r = 0; r < g * sp.q_len; ++r) {
     const std::int64_t i = r / g, h = hk * g + r % g, row = sp.q_begin + i;
     float mx = kNegInf;
     for (std::int64_t s = 0; s < ns; ++s) mx = std::max(mx, p.partial_lse(b, hk, s)[r]);
-    float* dst = p.out + p.so.offset(b, row, h);
+    E* dst = static_cast<E*>(p.out) + p.so.offset(b, row, h);
     if (mx == kNegInf) {
-      std::fill(dst, dst + dv, 0.0f);
+      std::fill(dst, dst + dv, detail::from_f32<E>(0.0f));
       p.lse[p.slse.offset(b, row, h)] = kNegInf;
       continue;
     }
     float total = 0.0f;
     for (std::int64_t s = 0; s < ns; ++s) total += std::exp(p.partial_lse(b, hk, s)[r] - mx);
     const float lse = mx + std::log(total);
-    std::fill(dst, dst + dv, 0.0f);
-    for (std::int64_t s = 0; s < ns; ++s) {
-      const float w = std::exp(p.partial_lse(b, hk, s)[r] - lse);
-      if (w == 0.0f) continue;
-      const float* src = p.partial_out(b, hk, s) + r * p.plan.dvp;
-      std::int64_t d = 0;
-      const V wv = Simd::set1(w);
-      for (; d + W <= dv; d += W) Simd::store(dst + d, Simd::fmadd(wv, Simd::load(src + d), Simd::load(dst + d)));
-      for (; d < dv; ++d) dst[d] += w * src[d];
+    // Weighted sum in f32, split by split in a fixed order, one output chunk
+    // at a time; converted to E once per element.
+    float acc[kCombineChunk];
+    for (std::int64_t d0 = 0; d0 < dv; d0 += kCombineChunk) {
+      const std::int64_t nd = std::min(kCombineChunk, dv - d0);
+      std::fill(acc, acc + nd, 0.0f);
+      for (std::int64_t s = 0; s < ns; ++s) {
+        const float w = std::exp(p.partial_lse(b, hk, s)[r] - lse);
+        if (w == 0.0f) continue;
+        const float* src = p.partial_out(b, hk, s) + r * p.plan.dvp + d0;
+        std::int64_t d = 0;
+        const V wv = Simd::set1(w);
+        for (; d + W <= nd; d += W) Simd::store(acc + d, Simd::fmadd(wv, Simd::load(src + d), Simd::load(acc + d)));
+        for (; d < nd; ++d) acc[d] += w * src[d];
+      }
+      detail::store_row<Simd>(dst + d0, acc, nd);
     }
     p.lse[p.slse.offset(b, row, h)] = lse;
   }

@@ -48,9 +48,10 @@ DecodeParams make_params(const ForwardArgs& a) {
   p.scale = static_cast<float>(s.effective_scale());
   p.softcap = static_cast<float>(s.softcap);
   for (std::int64_t b = 0; b < s.batch; ++b) p.spans.push_back(detail::sequence_span(s, in, b));
-  p.q = in.q.as<const float>();
-  p.k = in.k.as<const float>();
-  p.v = in.v.as<const float>();
+  p.dtype = s.dtype;
+  p.q = in.q.data;
+  p.k = in.k.data;
+  p.v = in.v.data;
   p.sq = detail::token_strides(in.q, s.layout);
   if (s.paged()) {
     p.pages = detail::page_table(s, in);
@@ -61,7 +62,7 @@ DecodeParams make_params(const ForwardArgs& a) {
     p.sv = detail::token_strides(in.v, s.layout);
   }
   if (s.has_bias) {
-    p.bias = in.bias.as<const float>();
+    p.bias = in.bias.data;
     p.sbias = detail::bias_strides(in.bias);
   }
   if (s.alibi) {
@@ -77,7 +78,7 @@ DecodeParams make_params(const ForwardArgs& a) {
     p.dropout_mask = detail::DropoutMask::make(s.dropout_seed, s.dropout_p);
     p.dropout_scale = static_cast<float>(1.0 / (1.0 - s.dropout_p));
   }
-  p.out = a.out.as<float>();
+  p.out = a.out.data;
   p.so = detail::token_strides(a.out, s.layout);
   p.lse = a.lse.as<float>();
   p.slse = detail::lse_strides(a.lse, s.layout);

@@ -43,39 +43,37 @@ struct DecodeParams {
   SplitPlan plan;
   std::vector<detail::SeqSpan> spans;  // per sequence
 
-  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  // Element type of q, k, v, bias and out (f32, bf16 or f16): the kernels are
+  // instantiated per type and read these through typed casts; all arithmetic,
+  // the partials and the LSE are f32.
+  DType dtype = DType::f32;
+  const void *q = nullptr, *k = nullptr, *v = nullptr;
   detail::TokenStrides sq, sk, sv;  // paged: sk/sv are the pools' {page, row, head} strides
   detail::PageTable pages;
-  const float* bias = nullptr;
+  const void* bias = nullptr;
   detail::BiasStrides sbias;
   std::vector<float> slopes;  // (B * H) ALiBi slopes; empty without ALiBi
   bool dropout = false;
   detail::DropoutMask dropout_mask;
   float dropout_scale = 1.0f;
 
-  float* out = nullptr;
+  void* out = nullptr;
   detail::TokenStrides so;
   float* lse = nullptr;
   detail::TokenStrides slse;
   float* partial = nullptr;  // workspace: per slot max_rows * dvp outputs, then max_rows LSEs
 
-  // Row t (sequence-local key index) of K / V for kv head hk of sequence b.
-  const float* k_row(std::int64_t b, std::int64_t t, std::int64_t hk) const {
-    const std::int64_t row = spans[b].kv_begin + t;
-    return k + (pages.paged() ? pages.offset(sk, b, row, hk) : sk.offset(b, row, hk));
-  }
-  const float* v_row(std::int64_t b, std::int64_t t, std::int64_t hk) const {
-    const std::int64_t row = spans[b].kv_begin + t;
-    return v + (pages.paged() ? pages.offset(sv, b, row, hk) : sv.offset(b, row, hk));
-  }
   // Row pointers of keys [t0, t0 + n) of kv head hk: one division per call,
   // then page-by-page steps (a division per row would cost more than the row's math).
-  void gather(std::int64_t b, std::int64_t hk, std::int64_t t0, std::int64_t n, const float** kr,
-              const float** vr) const {
+  template <class E>
+  void gather(std::int64_t b, std::int64_t hk, std::int64_t t0, std::int64_t n, const E** kr,
+              const E** vr) const {
+    const E* kb = static_cast<const E*>(k);
+    const E* vb = static_cast<const E*>(v);
     const std::int64_t row0 = spans[b].kv_begin + t0;
     if (!pages.paged()) {
-      const float* kp = k + sk.offset(b, row0, hk);
-      const float* vp = v + sv.offset(b, row0, hk);
+      const E* kp = kb + sk.offset(b, row0, hk);
+      const E* vp = vb + sv.offset(b, row0, hk);
       for (std::int64_t j = 0; j < n; ++j) {
         kr[j] = kp + j * sk.s;
         vr[j] = vp + j * sv.s;
@@ -85,8 +83,8 @@ struct DecodeParams {
     std::int64_t slot = row0 / pages.page_size, in_page = row0 % pages.page_size;
     for (std::int64_t j = 0; j < n;) {
       const std::int64_t page = pages.table[b * pages.row_stride + slot * pages.col_stride];
-      const float* kp = k + page * sk.b + hk * sk.h;
-      const float* vp = v + page * sv.b + hk * sv.h;
+      const E* kp = kb + page * sk.b + hk * sk.h;
+      const E* vp = vb + page * sv.b + hk * sv.h;
       for (; in_page < pages.page_size && j < n; ++in_page, ++j) {
         kr[j] = kp + in_page * sk.s;
         vr[j] = vp + in_page * sv.s;

@@ -16,15 +16,18 @@ const KernelTable& kernels_for(std::string_view isa) {
   static const KernelTable avx2 = kernels_avx2();
   static const KernelTable avx512 = kernels_avx512();
 #endif
-  if (isa != "scalar" && isa != "avx2" && isa != "avx512") {
-    throw Error(ErrorCode::invalid_argument, "ATTEND_ISA", std::string(isa), "expected avx512, avx2 or scalar");
+  if (isa != "scalar" && isa != "avx2" && isa != "avx512" && isa != "avx512bf16" && isa != "avx512amx") {
+    throw Error(ErrorCode::invalid_argument, "ATTEND_ISA", std::string(isa),
+                "expected avx512bf16, avx512, avx2 or scalar");
   }
   // One CPU-feature rule for every backend: flash's.
   if (!flash::cpu_supports(isa)) {
     throw Error(ErrorCode::unsupported, "ATTEND_ISA", std::string(isa), "this CPU does not support that instruction set");
   }
 #if defined(__x86_64__)
-  if (isa == "avx512") return avx512;
+  // decode is memory-bound: it widens bf16 while loading and has no separate
+  // bf16-GEMM kernels, so flash's avx512bf16/avx512amx families run decode's avx512 ones.
+  if (isa == "avx512" || isa == "avx512bf16" || isa == "avx512amx") return avx512;
   if (isa == "avx2") return avx2;
 #endif
   return scalar;

@@ -9,13 +9,22 @@
 
 namespace attend::decode {
 
-struct KernelTable {
-  std::string_view isa;
+// The kernels of one element type (q/k/v/bias/out); math is f32 in all of them.
+struct DtypeKernels {
   // Split `split` of sequence b for kv heads [hk0, hk1).
   void (*split)(const DecodeParams&, std::int64_t b, std::int64_t hk0, std::int64_t hk1, std::int64_t split,
                 float* scratch) = nullptr;
   void (*combine)(const DecodeParams&, std::int64_t b, std::int64_t hk) = nullptr;
 };
+
+struct KernelTable {
+  std::string_view isa;
+  DtypeKernels f32, bf16, f16;
+  const DtypeKernels& for_dtype(DType dtype) const {
+    return dtype == DType::bf16 ? bf16 : dtype == DType::f16 ? f16 : f32;
+  }
+};
+
 
 KernelTable kernels_scalar();
 KernelTable kernels_avx2();

@@ -9,6 +9,7 @@
 
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
+#include "core/half.h"
 #include <immintrin.h>
 
 #pragma GCC push_options
@@ -22,6 +23,14 @@
 
 namespace attend::decode {
 
-KernelTable kernels_avx2() { return {"avx2", &isa_avx2::split_task, &isa_avx2::combine_task}; }
+KernelTable kernels_avx2() {
+  using detail::bf16_t;
+  using detail::f16_t;
+  namespace k = isa_avx2;
+  return {"avx2",
+          {&k::split_task<float>, &k::combine_task<float>},
+          {&k::split_task<bf16_t>, &k::combine_task<bf16_t>},
+          {&k::split_task<f16_t>, &k::combine_task<f16_t>}};
+}
 
 }  // namespace attend::decode

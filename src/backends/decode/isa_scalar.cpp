@@ -9,6 +9,7 @@
 
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
+#include "core/half.h"
 
 #define ATTEND_DECODE_ISA isa_scalar
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdScalar
@@ -17,6 +18,14 @@
 
 namespace attend::decode {
 
-KernelTable kernels_scalar() { return {"scalar", &isa_scalar::split_task, &isa_scalar::combine_task}; }
+KernelTable kernels_scalar() {
+  using detail::bf16_t;
+  using detail::f16_t;
+  namespace k = isa_scalar;
+  return {"scalar",
+          {&k::split_task<float>, &k::combine_task<float>},
+          {&k::split_task<bf16_t>, &k::combine_task<bf16_t>},
+          {&k::split_task<f16_t>, &k::combine_task<f16_t>}};
+}
 
 }  // namespace attend::decode

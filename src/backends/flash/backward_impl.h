@@ -9,6 +9,14 @@
 // of one head sit H*D floats apart in the user's tensor, which makes in-place
 // GEMM loads conflict in L1). The transposed products (P'^T dO, dS^T Q) read
 // the P and dS tiles through the GEMM's strided A operand — no tile transposes.
+//
+// E is the element type of q/k/v/out/dout and the gradients (float, bf16_t,
+// f16_t): rows are widened to f32 as they are packed, dK/dV rounded to E once
+// when stored. dQ accumulates across key blocks, so for E != float it is summed
+// in an f32 buffer of the task's whole GQA group (group * seqlen_q * dqk floats
+// after the tiles, see flash_backend.cpp) and rounded once at the end — rounding
+// it per key block would add one half-precision rounding per block. For f32 it
+// is accumulated in place in dq, as before.
 // Included inside an ISA namespace.
 #pragma once
 
@@ -16,22 +24,29 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
-// `rows` rows of `cols` floats (stride ld) copied into a zero-padded [rows x ldp] block.
-inline void padded_rows(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols,
+// `rows` rows of `cols` elements (stride ld) widened into a zero-padded [rows x ldp] f32 block
+// (vector widening: this runs once per key block and query block).
+template <class S, class E>
+inline void padded_rows(const E* src, std::int64_t ld, std::int64_t rows, std::int64_t cols,
                                 std::int64_t ldp, float* dst) {
   for (std::int64_t r = 0; r < rows; ++r) {
-    std::copy(src + r * ld, src + r * ld + cols, dst + r * ldp);
-    std::fill(dst + r * ldp + cols, dst + (r + 1) * ldp, 0.0f);
+    if constexpr (std::is_same_v<E, float>) {
+      std::copy(src + r * ld, src + r * ld + cols, dst + r * ldp);
+      std::fill(dst + r * ldp + cols, dst + (r + 1) * ldp, 0.0f);
+    } else {
+      copy_row<S>(src + r * ld, cols, dst + r * ldp, ldp);
+    }
   }
 }
 
-template <class S>
+template <class S, class E>
 void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float* scratch) {
   using Tr = KernelTraits<S>;
   using V = typename S::V;
@@ -55,22 +70,28 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
   float* dsum = dq_tile + BM * dqp;    // BM         D_i = dO_i . O_i
   float* lse = dsum + BM;              // BM
 
-  for (std::int64_t g = 0; g < p.group; ++g) {  // this task owns these dQ rows
-    for (std::int64_t i = 0; i < span.q_len; ++i) {
-      float* dst = p.dq + p.sdq.offset(b, span.q_begin + i, hk * p.group + g);
-      std::fill(dst, dst + dqk, 0.0f);
+  // dQ of row i of group head g: in place (f32), or in the f32 accumulator.
+  constexpr bool kDqInPlace = std::is_same_v<E, float>;
+  const auto dq_row = [&](std::int64_t g, std::int64_t i) -> float* {
+    if constexpr (kDqInPlace) {
+      return p.dq_as<float>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g);
+    } else {
+      return scratch + backward_scratch_floats<S>(dqk, dv) + (g * span.q_len + i) * dqk;
     }
+  };
+  for (std::int64_t g = 0; g < p.group; ++g) {  // this task owns these dQ rows
+    for (std::int64_t i = 0; i < span.q_len; ++i) std::fill(dq_row(g, i), dq_row(g, i) + dqk, 0.0f);
   }
 
   for (std::int64_t j0 = 0; j0 < span.kv_len; j0 += BN) {
     const std::int64_t n = std::min(BN, span.kv_len - j0), n_pad = round_up(n, S::W);
-    const float* ksrc = p.k + p.sk.offset(b, span.kv_begin + j0, hk);
-    const float* vsrc = p.v + p.sv.offset(b, span.kv_begin + j0, hk);
+    const E* ksrc = static_cast<const E*>(p.k) + p.sk.offset(b, span.kv_begin + j0, hk);
+    const E* vsrc = static_cast<const E*>(p.v) + p.sv.offset(b, span.kv_begin + j0, hk);
     for (std::int64_t j = 0; j < n_pad; ++j) {
-      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = j < n ? ksrc[j * p.sk.s + d] * p.scale : 0.0f;
-      for (std::int64_t d = 0; d < dv; ++d) vt[d * BN + j] = j < n ? vsrc[j * p.sv.s + d] : 0.0f;
+      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = j < n ? detail::to_f32(ksrc[j * p.sk.s + d]) * p.scale : 0.0f;
+      for (std::int64_t d = 0; d < dv; ++d) vt[d * BN + j] = j < n ? detail::to_f32(vsrc[j * p.sv.s + d]) : 0.0f;
     }
-    padded_rows(ksrc, p.sk.s, n, dqk, dqp, kblk);
+    padded_rows<S>(ksrc, p.sk.s, n, dqk, dqp, kblk);
     std::fill(dk_acc, dk_acc + n * dqp, 0.0f);
     std::fill(dv_acc, dv_acc + n * dvp, 0.0f);
 
@@ -83,17 +104,17 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         if (first.begin >= j0 + n || last.end <= j0 || last.end <= first.begin) continue;
 
         const std::int64_t row0 = span.q_begin + i0;
-        padded_rows(p.q + p.sq.offset(b, row0, h), p.sq.s, m, dqk, dqp, qblk);
-        padded_rows(p.dout + p.sdo.offset(b, row0, h), p.sdo.s, m, dv, dvp, doblk);
+        padded_rows<S>(p.q_as<E>() + p.sq.offset(b, row0, h), p.sq.s, m, dqk, dqp, qblk);
+        padded_rows<S>(p.dout_as<E>() + p.sdo.offset(b, row0, h), p.sdo.s, m, dv, dvp, doblk);
         for (std::int64_t r = 0; r < m; ++r) {
-          dsum[r] = dot<S>(doblk + r * dvp, p.out + p.so.offset(b, row0 + r, h), dv);
+          dsum[r] = dot<S>(doblk + r * dvp, p.out_as<E>() + p.so.offset(b, row0 + r, h), dv);
           lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         }
 
         // Recompute logits exactly as the forward did, then P = exp(s - LSE).
         gemm<S, MR, NV>(m, n_pad, dqk, MatA{qblk, dqp, 1}, kt, BN, pt, BN, false);
         const Tile tile{b, h, i0, m, j0, n, span, pt, BN, false, m, n_pad};
-        finish_logits<S>(p, tile, p.softcap > 0 ? th : nullptr);
+        finish_logits<S, E>(p, tile, p.softcap > 0 ? th : nullptr);
         for (std::int64_t r = 0; r < m; ++r) {
           float* row = pt + r * BN;
           if (lse[r] == kNegInf) {  // empty row: contributes no gradient
@@ -125,15 +146,23 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, qblk, dqp, dk_acc, dqp, true);
         gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, kblk, dqp, dq_tile, dqp, false);
         for (std::int64_t r = 0; r < m; ++r) {
-          float* dst = p.dq + p.sdq.offset(b, row0 + r, h);
+          float* dst = dq_row(g, i0 + r);
           for (std::int64_t d = 0; d < dqk; ++d) dst[d] += dq_tile[r * dqp + d];
         }
       }
     }
 
     for (std::int64_t j = 0; j < n; ++j) {
-      std::copy(dk_acc + j * dqp, dk_acc + j * dqp + dqk, p.dk + p.sdk.offset(b, span.kv_begin + j0 + j, hk));
-      std::copy(dv_acc + j * dvp, dv_acc + j * dvp + dv, p.dv_out + p.sdv.offset(b, span.kv_begin + j0 + j, hk));
+      detail::store_row<S>(p.dk_as<E>() + p.sdk.offset(b, span.kv_begin + j0 + j, hk), dk_acc + j * dqp, dqk);
+      detail::store_row<S>(p.dv_as<E>() + p.sdv.offset(b, span.kv_begin + j0 + j, hk), dv_acc + j * dvp, dv);
+    }
+  }
+
+  if constexpr (!kDqInPlace) {
+    for (std::int64_t g = 0; g < p.group; ++g) {
+      for (std::int64_t i = 0; i < span.q_len; ++i) {
+        detail::store_row<S>(p.dq_as<E>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g), dq_row(g, i), dqk);
+      }
     }
   }
 }

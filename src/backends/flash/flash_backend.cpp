@@ -29,14 +29,25 @@ int thread_budget() {
   return std::max(1, omp_get_max_threads());
 }
 
+// bf16/f16 backward: dQ of a task's GQA group is summed in f32 across key
+// blocks and rounded once (backward_impl.h), in per-thread scratch after the
+// tiles: group * seqlen_q * head_dim_qk floats (seqlen_q is the varlen maximum),
+// e.g. 2 MiB per thread at seqlen 4096, head dim 128, no GQA. f32 accumulates
+// in place in dq and needs none.
+std::int64_t dq_accum_floats(const AttentionSpec& s) {
+  return s.dtype == DType::f32 ? 0 : s.group_size() * s.seqlen_q * s.head_dim_qk;
+}
+
 class FlashBackend final : public Backend {
  public:
   std::string_view name() const override { return "flash"; }
 
   Support check(const AttentionSpec& s, Pass pass) const override {
     Support sup;
-    sup.require(s.dtype == DType::f32, ReasonCode::dtype,
-                "dtype=" + std::string(to_string(s.dtype)) + " is not computed by flash (f32 only for now)");
+    // Every element type in both passes: bf16/f16 are widened while tiles are
+    // packed and accumulate in f32 (no upcast copy of the tensors).
+    sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype,
+                "dtype=" + std::string(to_string(s.dtype)) + " is not computed by flash (f32, bf16, f16)");
     sup.require(s.head_dim_qk <= kFlashMaxHeadDimQk, ReasonCode::head_dim_qk,
                 "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the flash limit " +
                     std::to_string(kFlashMaxHeadDimQk));
@@ -55,15 +66,14 @@ class FlashBackend final : public Backend {
   }
 
   std::size_t workspace_bytes(const AttentionSpec& s, Pass pass) const override {
-    const flash::KernelTable& k = flash::active_kernels();
-    const std::int64_t per_thread =
-        pass == Pass::forward ? k.forward_scratch(s.head_dim_qk, s.head_dim_v) : k.backward_scratch(s.head_dim_qk, s.head_dim_v);
+    const std::int64_t per_thread = pass == Pass::forward ? forward_floats(s) : backward_floats(s);
     return static_cast<std::size_t>(per_thread) * sizeof(float) * static_cast<std::size_t>(thread_budget());
   }
 
  protected:
   void run_forward(const ForwardArgs& a) const override {
     const flash::KernelTable& k = flash::active_kernels();
+    const flash::DtypeKernels& kd = k.for_dtype(a.spec.dtype);
     const flash::FlashParams p = flash::make_forward_params(a);
     // Tasks: (batch, head, query block), query blocks innermost so that threads
     // working side by side share one head's K/V in cache. Later query blocks
@@ -76,22 +86,38 @@ class FlashBackend final : public Backend {
         for (std::int64_t qb = blocks - 1; qb >= 0; --qb) tasks.push_back({b, h, qb});
       }
     }
-    const std::size_t per_thread = static_cast<std::size_t>(k.forward_scratch(p.dqk, p.dv));
+    const std::size_t per_thread = static_cast<std::size_t>(forward_floats(a.spec));
     run_parallel(a.workspace, per_thread, static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t, float* scratch) {
-      k.forward_block(p, tasks[t].b, tasks[t].h, tasks[t].qb, scratch);
+      kd.forward_block(p, tasks[t].b, tasks[t].h, tasks[t].qb, scratch);
     });
   }
 
   void run_backward(const BackwardArgs& a) const override {
     const flash::KernelTable& k = flash::active_kernels();
+    const flash::DtypeKernels& kd = k.for_dtype(a.spec.dtype);
     const flash::FlashParams p = flash::make_backward_params(a);
-    const std::size_t per_thread = static_cast<std::size_t>(k.backward_scratch(p.dqk, p.dv));
+    const std::size_t per_thread = static_cast<std::size_t>(backward_floats(a.spec));
     run_parallel(a.workspace, per_thread, p.batch * p.heads_kv, [&](std::int64_t t, float* scratch) {
-      k.backward_head(p, t / p.heads_kv, t % p.heads_kv, scratch);
+      kd.backward_head(p, t / p.heads_kv, t % p.heads_kv, scratch);
     });
   }
 
  private:
+  // Floats of one thread's scratch: the ISA's tiles, the element type's extras
+  // (bf16 GEMM packs) and, for bf16/f16 backward, the f32 dQ sum.
+  static std::int64_t forward_floats(const AttentionSpec& s) {
+    const flash::KernelTable& k = flash::active_kernels();
+    const flash::DtypeKernels& kd = k.for_dtype(s.dtype);
+    return k.forward_scratch(s.head_dim_qk, s.head_dim_v) +
+           (kd.forward_extra ? kd.forward_extra(s.head_dim_qk, s.head_dim_v) : 0);
+  }
+  static std::int64_t backward_floats(const AttentionSpec& s) {
+    const flash::KernelTable& k = flash::active_kernels();
+    const flash::DtypeKernels& kd = k.for_dtype(s.dtype);
+    return k.backward_scratch(s.head_dim_qk, s.head_dim_v) + dq_accum_floats(s) +
+           (kd.backward_extra ? kd.backward_extra(s.head_dim_qk, s.head_dim_v) : 0);
+  }
+
   // Runs fn(task, scratch) for every task; each thread owns one scratch slice.
   template <class Fn>
   static void run_parallel(const Workspace& ws, std::size_t per_thread_floats, std::int64_t tasks, Fn&& fn) {

@@ -17,14 +17,15 @@ FlashParams common(const AttentionSpec& s, const Inputs& in) {
   p.scale = static_cast<float>(s.effective_scale());
   p.softcap = static_cast<float>(s.softcap);
   p.masked = s.is_masked();
-  p.q = in.q.as<const float>();
-  p.k = in.k.as<const float>();
-  p.v = in.v.as<const float>();
+  p.dtype = s.dtype;
+  p.q = in.q.data;
+  p.k = in.k.data;
+  p.v = in.v.data;
   p.sq = detail::token_strides(in.q, s.layout);
   p.sk = detail::token_strides(in.k, s.layout);
   p.sv = detail::token_strides(in.v, s.layout);
   if (s.has_bias) {
-    p.bias = in.bias.as<const float>();
+    p.bias = in.bias.data;
     p.sbias = detail::bias_strides(in.bias);
   }
   if (s.paged()) {  // k/v are page pools: rows and heads inside a page, pages apart
@@ -50,7 +51,7 @@ FlashParams common(const AttentionSpec& s, const Inputs& in) {
 
 FlashParams make_forward_params(const ForwardArgs& a) {
   FlashParams p = common(a.spec, a.in);
-  p.out = a.out.as<float>();
+  p.out = a.out.data;
   p.so = detail::token_strides(a.out, a.spec.layout);
   p.lse = a.lse.as<float>();
   p.slse = detail::lse_strides(a.lse, a.spec.layout);
@@ -59,15 +60,15 @@ FlashParams make_forward_params(const ForwardArgs& a) {
 
 FlashParams make_backward_params(const BackwardArgs& a) {
   FlashParams p = common(a.spec, a.in);
-  p.out = a.out.as<float>();
+  p.out = a.out.data;
   p.so = detail::token_strides(a.out, a.spec.layout);
   p.lse = a.lse.as<float>();
   p.slse = detail::lse_strides(a.lse, a.spec.layout);
-  p.dout = a.dout.as<const float>();
+  p.dout = a.dout.data;
   p.sdo = detail::token_strides(a.dout, a.spec.layout);
-  p.dq = a.dq.as<float>();
-  p.dk = a.dk.as<float>();
-  p.dv_out = a.dv.as<float>();
+  p.dq = a.dq.data;
+  p.dk = a.dk.data;
+  p.dv_out = a.dv.data;
   p.sdq = detail::token_strides(a.dq, a.spec.layout);
   p.sdk = detail::token_strides(a.dk, a.spec.layout);
   p.sdv = detail::token_strides(a.dv, a.spec.layout);

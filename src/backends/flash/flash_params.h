@@ -1,6 +1,10 @@
 // FlashParams: everything a flash kernel needs, derived once per call from the
 // spec and the tensors (FlashAttention's Flash_fwd_params idea). Kernels read
 // only this struct; they never see AttentionSpec or TensorView.
+//
+// q, k, v, bias, out, dout and the gradients hold `dtype` elements (f32, bf16 or
+// f16): kernels are instantiated per element type E and read them through the
+// typed accessors below; the LSE and every tile are f32.
 #pragma once
 
 #include <cstdint>
@@ -22,22 +26,23 @@ struct FlashParams {
   const Inputs* in = nullptr;
   bool masked = false;
 
-  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  DType dtype = DType::f32;
+  const void *q = nullptr, *k = nullptr, *v = nullptr;
   detail::TokenStrides sq, sk, sv;
-  const float* bias = nullptr;
+  const void* bias = nullptr;
   detail::BiasStrides sbias;
   bool alibi = false;
 
   // forward outputs / backward inputs
-  float* out = nullptr;
+  void* out = nullptr;
   detail::TokenStrides so;
   float* lse = nullptr;
   detail::TokenStrides slse;
 
   // backward
-  const float* dout = nullptr;
+  const void* dout = nullptr;
   detail::TokenStrides sdo;
-  float *dq = nullptr, *dk = nullptr, *dv_out = nullptr;
+  void *dq = nullptr, *dk = nullptr, *dv_out = nullptr;
   detail::TokenStrides sdq, sdk, sdv;
 
   // dropout: keep mask from the shared Philox function, kept values * dropout_scale
@@ -51,17 +56,29 @@ struct FlashParams {
   // Null: dense/varlen.
   const std::int32_t* block_table = nullptr;
   std::int64_t block_table_stride = 0, page_size = 0;
-  std::int64_t page_stride_k = 0, page_stride_v = 0;  // floats between pages
+  std::int64_t page_stride_k = 0, page_stride_v = 0;  // elements between pages
 
   detail::SeqSpan span(std::int64_t b) const { return detail::sequence_span(*spec, *in, b); }
+  // Typed views of the dtype-erased tensors (E must be the element type of `dtype`).
+  template <class E> const E* q_as() const { return static_cast<const E*>(q); }
+  template <class E> const E* bias_as() const { return static_cast<const E*>(bias); }
+  template <class E> E* out_as() const { return static_cast<E*>(out); }
+  template <class E> const E* dout_as() const { return static_cast<const E*>(dout); }
+  template <class E> E* dq_as() const { return static_cast<E*>(dq); }
+  template <class E> E* dk_as() const { return static_cast<E*>(dk); }
+  template <class E> E* dv_as() const { return static_cast<E*>(dv_out); }
   // Row `t` (sequence-local) of K / V for kv head hk of sequence b.
-  const float* k_row(std::int64_t b, const detail::SeqSpan& s, std::int64_t t, std::int64_t hk) const {
-    if (block_table) return k + paged_offset(b, s.kv_begin + t, page_stride_k, sk, hk);
-    return k + sk.offset(b, s.kv_begin + t, hk);
+  template <class E>
+  const E* k_row(std::int64_t b, const detail::SeqSpan& s, std::int64_t t, std::int64_t hk) const {
+    const E* base = static_cast<const E*>(k);
+    if (block_table) return base + paged_offset(b, s.kv_begin + t, page_stride_k, sk, hk);
+    return base + sk.offset(b, s.kv_begin + t, hk);
   }
-  const float* v_row(std::int64_t b, const detail::SeqSpan& s, std::int64_t t, std::int64_t hk) const {
-    if (block_table) return v + paged_offset(b, s.kv_begin + t, page_stride_v, sv, hk);
-    return v + sv.offset(b, s.kv_begin + t, hk);
+  template <class E>
+  const E* v_row(std::int64_t b, const detail::SeqSpan& s, std::int64_t t, std::int64_t hk) const {
+    const E* base = static_cast<const E*>(v);
+    if (block_table) return base + paged_offset(b, s.kv_begin + t, page_stride_v, sv, hk);
+    return base + sv.offset(b, s.kv_begin + t, hk);
   }
   std::int64_t paged_offset(std::int64_t b, std::int64_t t, std::int64_t page_stride, const detail::TokenStrides& st,
                             std::int64_t hk) const {

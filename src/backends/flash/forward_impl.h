@@ -7,6 +7,10 @@
 // element-wise vector operations across key rows. (Reading K/V rows in place
 // is slower: rows of one head sit H*D floats apart, often a multiple of 4 KiB,
 // and the GEMM's loads then conflict in L1.)
+//
+// E is the element type of q/k/v/bias/out (float, bf16_t, f16_t): Q, K and V
+// are widened to f32 while they are packed, the output is rounded to E when it
+// is stored; tiles, the online softmax and the LSE are f32.
 // Included inside an ISA namespace.
 #pragma once
 
@@ -20,7 +24,7 @@
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
-template <class S>
+template <class S, class E>
 void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) {
   using Tr = KernelTraits<S>;
   using V = typename S::V;
@@ -41,8 +45,8 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   float* alpha = row_sum + BM;         // BM: rescale factor of this step
 
   for (std::int64_t r = 0; r < mp; ++r) {
-    const float* src = r < m ? p.q + p.sq.offset(b, span.q_begin + i0 + r, h) : nullptr;
-    for (std::int64_t d = 0; d < dqk; ++d) qt[d * BM + r] = src ? src[d] * p.scale : 0.0f;
+    const E* src = r < m ? p.q_as<E>() + p.sq.offset(b, span.q_begin + i0 + r, h) : nullptr;
+    for (std::int64_t d = 0; d < dqk; ++d) qt[d * BM + r] = src ? detail::to_f32(src[d]) * p.scale : 0.0f;
     row_max[r] = kNegInf;
     row_sum[r] = 0.0f;
   }
@@ -54,14 +58,14 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
     const std::int64_t n = std::min(BN, last.end - j0);
     for (std::int64_t j = 0; j < n; ++j) {
-      copy_row<S>(p.k_row(b, span, j0 + j, hk), dqk, kblk + j * dqk, dqk);
-      copy_row<S>(p.v_row(b, span, j0 + j, hk), dv, vblk + j * dvp, dvp);
+      copy_row<S>(p.k_row<E>(b, span, j0 + j, hk), dqk, kblk + j * dqk, dqk);
+      copy_row<S>(p.v_row<E>(b, span, j0 + j, hk), dv, vblk + j * dvp, dvp);
     }
     // Rows of one head are H*D floats apart, too far for the hardware
     // prefetchers: ask for the next block while this one is computed.
     for (std::int64_t j = j0 + BN; j < std::min(j0 + 2 * BN, last.end); ++j) {
-      prefetch_row(p.k_row(b, span, j, hk), dqk);
-      prefetch_row(p.v_row(b, span, j, hk), dv);
+      prefetch_row(p.k_row<E>(b, span, j, hk), dqk);
+      prefetch_row(p.v_row<E>(b, span, j, hk), dv);
     }
     // Only the queries that see some key of this block take part: under a
     // causal or window mask the rest of a diagonal block would be pure waste.
@@ -77,7 +81,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     // A plain tile in which every query of the range sees every key needs no pass.
     const bool interior = p.keys(i0 + c0 + mc - 1, span).begin <= j0 && p.keys(i0 + c0, span).end >= j0 + n;
     const Tile tile{b, h, i0 + c0, mc, j0, n, span, sc, BM, true, n, c1 - c0};
-    if (!(plain && interior)) finish_logits<S>(p, tile, nullptr);
+    if (!(plain && interior)) finish_logits<S, E>(p, tile, nullptr);
 
     // Online softmax, vectorised across queries. A query with nothing visible
     // yet keeps max = -inf; subtracting max(m, -FLT_MAX) keeps exp() at 0, not NaN.
@@ -111,10 +115,10 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
 
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
-    float* dst = p.out + p.so.offset(b, row, h);
+    E* dst = p.out_as<E>() + p.so.offset(b, row, h);
     const float l = row_sum[r];
     const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
-    for (std::int64_t d = 0; d < dv; ++d) dst[d] = acc[r * dvp + d] * inv;
+    for (std::int64_t d = 0; d < dv; ++d) dst[d] = detail::from_f32<E>(acc[r * dvp + d] * inv);
     p.lse[p.slse.offset(b, row, h)] = l > 0 ? row_max[r] + std::log(l) : kNegInf;
   }
 }

@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
+#include "core/half.h"
 #include <immintrin.h>
 
 #pragma GCC push_options
@@ -26,8 +28,16 @@
 namespace attend::flash {
 
 KernelTable kernels_avx2() {
-  return {"avx2", KernelTraits<SimdAvx2>::fwd_m, &isa_avx2::forward_block<SimdAvx2>,
-          &isa_avx2::backward_head<SimdAvx2>, &forward_scratch_floats<SimdAvx2>, &backward_scratch_floats<SimdAvx2>};
+  using detail::bf16_t;
+  using detail::f16_t;
+  namespace k = isa_avx2;
+  return {"avx2",
+          KernelTraits<SimdAvx2>::fwd_m,
+          {&k::forward_block<SimdAvx2, float>, &k::backward_head<SimdAvx2, float>},
+          {&k::forward_block<SimdAvx2, bf16_t>, &k::backward_head<SimdAvx2, bf16_t>},
+          {&k::forward_block<SimdAvx2, f16_t>, &k::backward_head<SimdAvx2, f16_t>},
+          &forward_scratch_floats<SimdAvx2>,
+          &backward_scratch_floats<SimdAvx2>};
 }
 
 }  // namespace attend::flash

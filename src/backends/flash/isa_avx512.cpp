@@ -4,18 +4,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
+#include "core/half.h"
 #include <immintrin.h>
 
 #pragma GCC push_options
-// GCC 12 flags _mm512_reduce_*_ps (built on _mm512_undefined_ps) as maybe-uninitialized.
+// GCC 12 flags _mm512_reduce_*_ps and the unpack intrinsics (built on _mm512_undefined_*)
+// as (maybe-)uninitialized.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c")
 
 #define ATTEND_FLASH_ISA isa_avx512
@@ -24,14 +29,52 @@
 #include "backends/flash/logits_tile.h"
 #include "backends/flash/forward_impl.h"
 #include "backends/flash/backward_impl.h"
+// The bf16 forwards of the avx512bf16 and avx512amx families: the same region
+// plus AVX512-BF16 and AMX. Reached only through kernels_avx512bf16() and
+// kernels_avx512amx(), which dispatch.cpp hands out only when the CPU (and, for
+// AMX, the OS) allows them; the compiler never emits these instructions itself.
+#pragma GCC push_options
+#pragma GCC target("avx512bf16,amx-tile,amx-bf16")
+#include "backends/flash/gemm_bf16.h"
+#include "backends/flash/gemm_amx.h"
+#include "backends/flash/forward_bf16_impl.h"
+#include "backends/flash/backward_bf16_impl.h"
+#pragma GCC pop_options
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
 namespace attend::flash {
 
 KernelTable kernels_avx512() {
-  return {"avx512", KernelTraits<SimdAvx512>::fwd_m, &isa_avx512::forward_block<SimdAvx512>,
-          &isa_avx512::backward_head<SimdAvx512>, &forward_scratch_floats<SimdAvx512>, &backward_scratch_floats<SimdAvx512>};
+  using detail::bf16_t;
+  using detail::f16_t;
+  namespace k = isa_avx512;
+  return {"avx512",
+          KernelTraits<SimdAvx512>::fwd_m,
+          {&k::forward_block<SimdAvx512, float>, &k::backward_head<SimdAvx512, float>},
+          {&k::forward_block<SimdAvx512, bf16_t>, &k::backward_head<SimdAvx512, bf16_t>},
+          {&k::forward_block<SimdAvx512, f16_t>, &k::backward_head<SimdAvx512, f16_t>},
+          &forward_scratch_floats<SimdAvx512>,
+          &backward_scratch_floats<SimdAvx512>};
+}
+
+// avx512 with the bf16 forward on vdpbf16ps; everything else is avx512's.
+KernelTable kernels_avx512bf16() {
+  KernelTable t = kernels_avx512();
+  t.isa = "avx512bf16";
+  t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512>;
+  t.bf16.forward_extra = &isa_avx512::forward_bf16_extra_floats<SimdAvx512>;
+  return t;
+}
+
+// avx512 with the bf16 forward and backward on AMX tiles; everything else is avx512's.
+KernelTable kernels_avx512amx() {
+  KernelTable t = kernels_avx512bf16();
+  t.isa = "avx512amx";
+  t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512, true>;
+  t.bf16.backward_head = &isa_avx512::backward_head_amx<SimdAvx512>;
+  t.bf16.backward_extra = &isa_avx512::backward_amx_extra_floats<SimdAvx512>;
+  return t;
 }
 
 }  // namespace attend::flash

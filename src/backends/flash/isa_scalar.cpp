@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
+#include "core/half.h"
 
 #define ATTEND_FLASH_ISA isa_scalar
 #include "backends/flash/simd_scalar.h"
@@ -21,8 +23,16 @@
 namespace attend::flash {
 
 KernelTable kernels_scalar() {
-  return {"scalar", KernelTraits<SimdScalar>::fwd_m, &isa_scalar::forward_block<SimdScalar>,
-          &isa_scalar::backward_head<SimdScalar>, &forward_scratch_floats<SimdScalar>, &backward_scratch_floats<SimdScalar>};
+  using detail::bf16_t;
+  using detail::f16_t;
+  namespace k = isa_scalar;
+  return {"scalar",
+          KernelTraits<SimdScalar>::fwd_m,
+          {&k::forward_block<SimdScalar, float>, &k::backward_head<SimdScalar, float>},
+          {&k::forward_block<SimdScalar, bf16_t>, &k::backward_head<SimdScalar, bf16_t>},
+          {&k::forward_block<SimdScalar, f16_t>, &k::backward_head<SimdScalar, f16_t>},
+          &forward_scratch_floats<SimdScalar>,
+          &backward_scratch_floats<SimdScalar>};
 }
 
 }  // namespace attend::flash

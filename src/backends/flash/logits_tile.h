@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "backends/flash/flash_params.h"
+#include "core/half_simd.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
@@ -42,7 +43,7 @@ inline void apply_softcap(const FlashParams& p, const Tile& t, float* tanh_out) 
   }
 }
 
-template <class S>
+template <class S, class E>
 inline void finish_logits(const FlashParams& p, const Tile& t, float* tanh_out) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   if (p.softcap > 0) apply_softcap<S>(p, t, tanh_out);
@@ -54,8 +55,8 @@ inline void finish_logits(const FlashParams& p, const Tile& t, float* tanh_out) 
       for (std::int64_t c = 0; c < t.n; ++c) t.at(r, c) -= slope * static_cast<float>(std::llabs(i + off - (t.j0 + c)));
     }
     if (p.bias) {
-      const float* brow = p.bias + p.sbias.offset(t.b, t.h, i) + t.j0;
-      for (std::int64_t c = 0; c < t.n; ++c) t.at(r, c) += brow[c];
+      const E* brow = p.bias_as<E>() + p.sbias.offset(t.b, t.h, i) + t.j0;
+      for (std::int64_t c = 0; c < t.n; ++c) t.at(r, c) += detail::to_f32(brow[c]);
     }
     if (t.key_major) continue;
     // Mask the keys outside this query's window, and the padding keys.
@@ -95,28 +96,30 @@ inline void apply_dropout(const FlashParams& p, const Tile& t) {
   }
 }
 
-// dst[0, ldp) = src[0, n) followed by zeros.
-template <class S>
-inline void copy_row(const float* src, std::int64_t n, float* dst, std::int64_t ldp) {
+// dst[0, ldp) = src[0, n) widened to f32, followed by zeros.
+template <class S, class E>
+inline void copy_row(const E* src, std::int64_t n, float* dst, std::int64_t ldp) {
   std::int64_t d = 0;
-  for (; d + S::W <= n; d += S::W) S::store(dst + d, S::load(src + d));
-  for (; d < n; ++d) dst[d] = src[d];
+  for (; d + S::W <= n; d += S::W) S::store(dst + d, detail::load_f32<S>(src + d));
+  for (; d < n; ++d) dst[d] = detail::to_f32(src[d]);
   for (; d < ldp; ++d) dst[d] = 0.0f;
 }
 
-// Pulls n floats into L2 ahead of use (one prefetch per 64-byte line).
-inline void prefetch_row(const float* src, std::int64_t n) {
-  for (std::int64_t d = 0; d < n; d += 16) __builtin_prefetch(src + d, 0, 2);
+// Pulls n elements into L2 ahead of use (one prefetch per 64-byte line).
+template <class E>
+inline void prefetch_row(const E* src, std::int64_t n) {
+  constexpr std::int64_t kLine = 64 / static_cast<std::int64_t>(sizeof(E));
+  for (std::int64_t d = 0; d < n; d += kLine) __builtin_prefetch(src + d, 0, 2);
 }
 
-// dot(a, b) over n floats, vectorised (the scalar loop would serialise on FMA latency).
-template <class S>
-inline float dot(const float* a, const float* b, std::int64_t n) {
+// dot(a, b) over n elements, vectorised (the scalar loop would serialise on FMA latency).
+template <class S, class E>
+inline float dot(const float* a, const E* b, std::int64_t n) {
   typename S::V acc = S::zero();
   std::int64_t d = 0;
-  for (; d + S::W <= n; d += S::W) acc = S::fmadd(S::load(a + d), S::load(b + d), acc);
+  for (; d + S::W <= n; d += S::W) acc = S::fmadd(S::load(a + d), detail::load_f32<S>(b + d), acc);
   float sum = S::reduce_add(acc);
-  for (; d < n; ++d) sum += a[d] * b[d];
+  for (; d < n; ++d) sum = std::fma(a[d], detail::to_f32(b[d]), sum);
   return sum;
 }
 

@@ -52,7 +52,13 @@ struct SimdAvx2 {
     const V ax = _mm256_andnot_ps(set1(-0.0f), x);
     const V e = exp(_mm256_mul_ps(ax, set1(2.0f)));
     const V t = _mm256_sub_ps(set1(1.0f), _mm256_div_ps(set1(2.0f), _mm256_add_ps(e, set1(1.0f))));
-    return _mm256_or_ps(t, sign);
+    const V far = _mm256_or_ps(t, sign);
+    // Near 0 the series (see simd_exp.h), which keeps the sign by itself.
+    const V x2 = _mm256_mul_ps(x, x);
+    V p = set1(kTanhSeries[kTanhSeriesTerms - 1]);
+    for (int i = kTanhSeriesTerms - 2; i >= 0; --i) p = _mm256_fmadd_ps(p, x2, set1(kTanhSeries[i]));
+    const V near = _mm256_fmadd_ps(_mm256_mul_ps(x, x2), p, x);
+    return _mm256_blendv_ps(far, near, _mm256_cmp_ps(ax, set1(kTanhSeriesBound), _CMP_LT_OQ));
   }
 };
 

@@ -42,7 +42,13 @@ struct SimdAvx512 {
     const V t = _mm512_sub_ps(set1(1.0f), _mm512_div_ps(set1(2.0f), _mm512_add_ps(e, set1(1.0f))));
     // t >= 0: put x's sign bit on it.
     const __m512i sign = _mm512_and_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
-    return _mm512_castsi512_ps(_mm512_or_epi32(_mm512_castps_si512(t), sign));
+    const V far = _mm512_castsi512_ps(_mm512_or_epi32(_mm512_castps_si512(t), sign));
+    // Near 0 the series (see simd_exp.h), which keeps the sign by itself.
+    const V x2 = _mm512_mul_ps(x, x);
+    V p = set1(kTanhSeries[kTanhSeriesTerms - 1]);
+    for (int i = kTanhSeriesTerms - 2; i >= 0; --i) p = _mm512_fmadd_ps(p, x2, set1(kTanhSeries[i]));
+    const V near = _mm512_fmadd_ps(_mm512_mul_ps(x, x2), p, x);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, set1(kTanhSeriesBound), _CMP_LT_OQ), far, near);
   }
 };
 

@@ -12,4 +12,13 @@ inline constexpr int kExp2Degree = 6;
 inline constexpr float kExp2C[kExp2Degree + 1] = {1.0f,          0.693147181f,  0.240226507f, 0.0555041087f,
                                                   0.00961812911f, 0.00133335581f, 0.000154035304f};
 
+// tanh near 0: 1 - 2/(exp(2x)+1) cancels catastrophically (about 1e-7 absolute
+// error, i.e. 10% relative at |x| = 1e-6, which a large softcap magnifies), so
+// |x| < kTanhSeriesBound uses the odd Taylor series x + x^3 * P(x^2) instead;
+// with terms to x^11 its truncation error at the bound is ~5e-8 relative.
+inline constexpr float kTanhSeriesBound = 0.3f;
+inline constexpr int kTanhSeriesTerms = 5;  // coefficients of x^3 .. x^11
+inline constexpr float kTanhSeries[kTanhSeriesTerms] = {-1.0f / 3, 2.0f / 15, -17.0f / 315, 62.0f / 2835,
+                                                        -1382.0f / 155925};
+
 }  // namespace attend::flash

@@ -1,4 +1,4 @@
-// The reference backend: every spec field, both passes, f32 and f64.
+// The reference backend: every spec field, both passes, f32 and f64 (bf16/f16 upcast).
 #include <memory>
 #include <string>
 
@@ -18,10 +18,11 @@ class ReferenceBackend final : public Backend {
   // which do not depend on the thread count.
   Support check(const AttentionSpec& spec, Pass pass) const override {
     Support s;
-    const bool computed = spec.dtype == DType::f32 || spec.dtype == DType::f64;
-    s.require(
-        computed, ReasonCode::dtype,
-        "dtype=" + std::string(to_string(spec.dtype)) + " is not computed by reference (f32, f64 only)");
+    const bool computed = spec.dtype == DType::f32 || spec.dtype == DType::f64 || spec.dtype == DType::bf16 ||
+                          spec.dtype == DType::f16;
+    s.require(computed, ReasonCode::dtype,
+              "dtype=" + std::string(to_string(spec.dtype)) +
+                  " is not computed by reference (f32, f64; bf16 and f16 upcast to the accumulation type)");
     if (pass == Pass::backward) {
       s.require(!spec.paged(), ReasonCode::layout,
                 "kv_page_size=" + std::to_string(spec.kv_page_size) +
@@ -52,10 +53,10 @@ class ReferenceBackend final : public Backend {
 
  protected:
   void run_forward(const ForwardArgs& args) const override {
-    reference::forward(args, options_.accumulate_f64);
+    reference::forward(args, options_.accumulate_f64, options_.round_intermediates_to_input_dtype);
   }
   void run_backward(const BackwardArgs& args) const override {
-    reference::backward(args, options_.accumulate_f64);
+    reference::backward(args, options_.accumulate_f64, options_.round_intermediates_to_input_dtype);
   }
 
  private:

@@ -19,8 +19,8 @@ void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, s
   Acc D = 0;
   for (std::int64_t j = r.begin; j < r.end; ++j) {
     const T* vj = pr.v_row(b, j, kvh);
-    const Acc dpd = dot<Acc>(dO, vj, pr.dv);
-    const Acc pd = pr.dropout ? p[j] * f[j] : p[j];
+    const Acc dpd = pr.rnd(dot<Acc>(dO, vj, pr.dv));
+    const Acc pd = pr.dropout ? pr.rnd(p[j] * f[j]) : p[j];
     D += pd * dpd;
     ds[j] = pr.dropout ? dpd * f[j] : dpd;
     if (dv_acc != nullptr && pd != 0) {
@@ -28,7 +28,8 @@ void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, s
       for (std::int64_t d = 0; d < pr.dv; ++d) dvj[d] += pd * static_cast<Acc>(dO[d]);
     }
   }
-  for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] = p[j] * (ds[j] - D);
+  D = pr.rnd(D);
+  for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] = pr.rnd(p[j] * (ds[j] - D));
 }
 
 template <typename T, typename Acc>
@@ -57,7 +58,9 @@ void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kv
       const KeyRange r = pr.keys(b, i);
       Acc* p = S + i * sk;
       std::fill_n(dq, pr.dqk, Acc{0});
-      if (softmax_row(p, sk, r) != static_cast<Acc>(kNegInf)) {
+      const bool visible = softmax_row(p, sk, r) != static_cast<Acc>(kNegInf);
+      round_row(pr, p, r);
+      if (visible) {
         const std::int64_t row = sp.q_begin + i;
         const T* dO = c.a.dout.template as<const T>() + c.dos.offset(b, row, h);
         score_grad_row(pr, b, h, i, r, p, dO, ws.buf[kFactors], ds, dv_acc);
@@ -67,7 +70,7 @@ void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kv
         }
         // Through softcap: d(c*tanh(x/c))/dx = 1 - t^2.
         if (pr.softcap > 0)
-          for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] *= Acc{1} - tn[i * sk + j] * tn[i * sk + j];
+          for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] = pr.rnd(ds[j] * (Acc{1} - tn[i * sk + j] * tn[i * sk + j]));
         const T* qi = pr.q + pr.qs.offset(b, row, h);
         for (std::int64_t j = r.begin; j < r.end; ++j) {
           if (ds[j] == 0) continue;
@@ -111,6 +114,7 @@ void dbias_task(const BackwardCtx<T, Acc>& c, std::int64_t bb, std::int64_t hb, 
         const KeyRange r = pr.keys(b, i);
         Acc* p = S + i * sp.kv_len;
         if (softmax_row(p, sp.kv_len, r) == static_cast<Acc>(kNegInf)) continue;
+        round_row(pr, p, r);
         const T* dO = c.a.dout.template as<const T>() + c.dos.offset(b, sp.q_begin + i, h);
         Acc* ds = ws.buf[kRowGrad];
         score_grad_row(pr, b, h, i, r, p, dO, ws.buf[kFactors], ds, static_cast<Acc*>(nullptr));
@@ -125,8 +129,8 @@ void dbias_task(const BackwardCtx<T, Acc>& c, std::int64_t bb, std::int64_t hb, 
 }
 
 template <typename T, typename Acc>
-void run_backward(const BackwardArgs& a, bool acc64) {
-  const Problem<T, Acc> pr(a.spec, a.in);
+void run_backward(const BackwardArgs& a, bool acc64, bool round_inter) {
+  const Problem<T, Acc> pr(a.spec, a.in, round_inter);
   const Layout lay = a.spec.layout;
   BackwardCtx<T, Acc> c{pr,
                         a,
@@ -142,14 +146,14 @@ void run_backward(const BackwardArgs& a, bool acc64) {
     c.dbs = detail::bias_strides(a.dbias);
     c.dbias_direct = a.dbias.shape[0] == pr.B && a.dbias.shape[1] == pr.H;
     slices = a.dbias.shape[0] * a.dbias.shape[1];
-    fill_view(a.dbias, T{0});
+    fill_view(a.dbias, T(0.0f));
   }
   Sizer z;
   const BufferSizes sizes = buffer_sizes(a.spec, Pass::backward, acc64, z);
   const ScratchPlan plan = plan_scratch(a.spec, Pass::backward, acc64);
-  fill_view(a.dq, T{0});
-  fill_view(a.dk, T{0});
-  fill_view(a.dv, T{0});
+  fill_view(a.dq, T(0.0f));
+  fill_view(a.dk, T(0.0f));
+  fill_view(a.dv, T(0.0f));
   const Workers workers(a.workspace, plan.worker_bytes,
                         planned_workers(a.spec, std::max(pr.B * pr.Hkv, slices)));
   parallel_tasks(pr.B * pr.Hkv, workers, [&](std::int64_t t, std::byte* mem) {
@@ -166,15 +170,12 @@ void run_backward(const BackwardArgs& a, bool acc64) {
 }  // namespace
 }  // namespace impl
 
-void backward(const BackwardArgs& args, bool accumulate_f64) {
+void backward(const BackwardArgs& args, bool accumulate_f64, bool round_intermediates) {
   using namespace impl;
   guard_alloc([&] {
-    if (args.spec.dtype == DType::f64)
-      run_backward<double, double>(args, true);
-    else if (accumulate_f64)
-      run_backward<float, double>(args, true);
-    else
-      run_backward<float, float>(args, false);
+    dispatch_dtype(args.spec.dtype, accumulate_f64, [&](auto t, auto acc) {
+      run_backward<decltype(t), decltype(acc)>(args, std::is_same_v<decltype(acc), double>, round_intermediates);
+    });
   });
 }
 

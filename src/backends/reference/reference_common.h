@@ -12,10 +12,12 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attend/error.h"
 #include "backends/reference/reference_kernels.h"
+#include "core/half.h"
 #include "core/layout.h"
 #include "core/philox.h"
 #include "core/semantics.h"
@@ -147,6 +149,26 @@ void fill_view(const TensorView& t, T value) {
   }
 }
 
+// The LSE's storage type: f64 for f64 inputs, else f32 (bf16/f16 included).
+template <typename T>
+using Lse = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// Calls fn(T{}, Acc{}) with the storage type of `dtype` and the accumulation
+// type: double for f64 or when acc64, else float (half types are upcast).
+template <typename Fn>
+void dispatch_dtype(DType dtype, bool acc64, Fn&& fn) {
+  const auto with_acc = [&](auto t) {
+    if (acc64) fn(t, double{});
+    else fn(t, float{});
+  };
+  switch (dtype) {
+    case DType::f64: fn(double{}, double{}); return;
+    case DType::bf16: with_acc(detail::bf16_t{}); return;
+    case DType::f16: with_acc(detail::f16_t{}); return;
+    default: with_acc(float{}); return;
+  }
+}
+
 template <typename Acc, typename A, typename B>
 Acc dot(const A* a, const B* b, std::int64_t n) {
   Acc s = 0;
@@ -169,8 +191,14 @@ struct Problem {
   bool dropout = false;
   detail::DropoutMask mask;
   std::int64_t B = 1, H = 1, Hkv = 1, group = 1, dqk = 0, dv = 0;
+  // ReferenceOptions::round_intermediates_to_input_dtype: every intermediate
+  // matrix (scores, P, dP, dS) is rounded to T, as a naive same-precision
+  // implementation stores them (the §3.3 baseline).
+  bool round_inter = false;
 
-  Problem(const AttentionSpec& s, const Inputs& in)
+  Acc rnd(Acc x) const { return round_inter ? detail::round_to<T>(x) : x; }
+
+  Problem(const AttentionSpec& s, const Inputs& in, bool round_intermediates = false)
       : spec(&s),
         q(in.q.as<const T>()),
         k(in.k.as<const T>()),
@@ -188,7 +216,8 @@ struct Problem {
         Hkv(s.heads_kv),
         group(s.group_size()),
         dqk(s.head_dim_qk),
-        dv(s.head_dim_v) {
+        dv(s.head_dim_v),
+        round_inter(round_intermediates) {
     if (s.paged()) {
       pages = detail::page_table(s, in);
       ks = detail::pool_strides(in.k);
@@ -232,15 +261,15 @@ void logits(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, Acc* S, A
     const T* bi = pr.bias ? pr.bias + pr.bs.offset(b, h, i) : nullptr;
     const KeyRange r = pr.keys(b, i);
     for (std::int64_t j = r.begin; j < r.end; ++j) {
-      const Acc x = pr.scale * dot<Acc>(qi, pr.k_row(b, j, kvh), pr.dqk);
+      const Acc x = pr.rnd(pr.scale * dot<Acc>(qi, pr.k_row(b, j, kvh), pr.dqk));
       Acc s = x;
       if (pr.softcap > 0) {
-        const Acc t = std::tanh(x / pr.softcap);
-        s = pr.softcap * t;
+        const Acc t = pr.rnd(std::tanh(x / pr.softcap));
+        s = pr.rnd(pr.softcap * t);
         if (tanh_out) tanh_out[i * sk + j] = t;
       }
-      if (pr.spec->alibi) s += static_cast<Acc>(detail::alibi_term(slope, i, j, sq, sk));
-      if (bi) s += static_cast<Acc>(bi[j]);
+      if (pr.spec->alibi) s = pr.rnd(s + static_cast<Acc>(detail::alibi_term(slope, i, j, sq, sk)));
+      if (bi) s = pr.rnd(s + static_cast<Acc>(bi[j]));
       row[j] = s;
     }
   }
@@ -261,6 +290,13 @@ Acc softmax_row(Acc* row, std::int64_t sk, KeyRange r) {
   for (std::int64_t j = r.begin; j < r.end; ++j) sum += (row[j] = std::exp(row[j] - m));
   for (std::int64_t j = 0; j < sk; ++j) row[j] = (j >= r.begin && j < r.end) ? row[j] / sum : Acc{0};
   return m + std::log(sum);
+}
+
+// P rounded to the input dtype when the problem rounds intermediates.
+template <typename T, typename Acc>
+void round_row(const Problem<T, Acc>& pr, Acc* row, KeyRange r) {
+  if (!pr.round_inter) return;
+  for (std::int64_t j = r.begin; j < r.end; ++j) row[j] = pr.rnd(row[j]);
 }
 
 // f[j] = keep(b, h, i, j) / (1 - p): one Philox call serves four columns.

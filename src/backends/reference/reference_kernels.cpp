@@ -22,11 +22,12 @@ void forward_task(const Problem<T, Acc>& pr, const ForwardArgs& a, std::int64_t 
       const KeyRange r = pr.keys(b, i);
       Acc* p = S + i * sp.kv_len;
       const Acc lse = softmax_row(p, sp.kv_len, r);
-      a.lse.as<T>()[ls.offset(b, sp.q_begin + i, h)] = static_cast<T>(lse);
+      round_row(pr, p, r);
+      a.lse.as<Lse<T>>()[ls.offset(b, sp.q_begin + i, h)] = static_cast<Lse<T>>(lse);
       std::fill_n(o, pr.dv, Acc{0});
       if (pr.dropout) dropout_factors(pr, b, h, i, r, f);
       for (std::int64_t j = r.begin; j < r.end; ++j) {
-        const Acc w = pr.dropout ? p[j] * f[j] : p[j];
+        const Acc w = pr.dropout ? pr.rnd(p[j] * f[j]) : p[j];
         if (w == 0) continue;
         const T* vj = pr.v_row(b, j, kvh);
         for (std::int64_t d = 0; d < pr.dv; ++d) o[d] += w * static_cast<Acc>(vj[d]);
@@ -38,14 +39,14 @@ void forward_task(const Problem<T, Acc>& pr, const ForwardArgs& a, std::int64_t 
 }
 
 template <typename T, typename Acc>
-void run_forward(const ForwardArgs& a, bool acc64) {
-  const Problem<T, Acc> pr(a.spec, a.in);
+void run_forward(const ForwardArgs& a, bool acc64, bool round_inter) {
+  const Problem<T, Acc> pr(a.spec, a.in, round_inter);
   Sizer z;
   const BufferSizes sizes = buffer_sizes(a.spec, Pass::forward, acc64, z);
   const ScratchPlan plan = plan_scratch(a.spec, Pass::forward, acc64);
   // Only packed (thd) tensors have rows outside every sequence; they read 0 / -inf.
-  fill_view(a.out, T{0});
-  fill_view(a.lse, static_cast<T>(kNegInf));
+  fill_view(a.out, T(0.0f));
+  fill_view(a.lse, static_cast<Lse<T>>(kNegInf));
   const Workers workers(a.workspace, plan.worker_bytes, planned_workers(a.spec, pr.B * pr.Hkv));
   parallel_tasks(pr.B * pr.Hkv, workers, [&](std::int64_t t, std::byte* mem) {
     forward_task(pr, a, t / pr.Hkv, t % pr.Hkv, WorkerScratch<Acc>(mem, sizes));
@@ -90,14 +91,11 @@ std::size_t workspace_for(const ScratchPlan& plan, std::int64_t workers) {
   return z.overflow ? std::numeric_limits<std::size_t>::max() : bytes;
 }
 
-void forward(const ForwardArgs& args, bool accumulate_f64) {
+void forward(const ForwardArgs& args, bool accumulate_f64, bool round_intermediates) {
   guard_alloc([&] {
-    if (args.spec.dtype == DType::f64)
-      run_forward<double, double>(args, true);
-    else if (accumulate_f64)
-      run_forward<float, double>(args, true);
-    else
-      run_forward<float, float>(args, false);
+    dispatch_dtype(args.spec.dtype, accumulate_f64, [&](auto t, auto acc) {
+      run_forward<decltype(t), decltype(acc)>(args, std::is_same_v<decltype(acc), double>, round_intermediates);
+    });
   });
 }
 

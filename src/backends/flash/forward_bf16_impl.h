@@ -1,0 +1,193 @@
+// The bf16 forward of the avx512amx and avx512bf16 kernel families:
+// forward_impl.h's algorithm (S^T = K Q^T per key block, online softmax across
+// key rows, O += P V) with both GEMMs on bf16 hardware:
+//   kAmx = true  (avx512amx): AMX-BF16 tiles (gemm_amx.h), 16 x 16 x 32
+//     multiply-adds per instruction; the output is accumulated transposed
+//     (O^T = V^T P^T) so that P^T's pair layout is the tile B operand as it is,
+//     and V^T is built 16 x 16 words at a time by register transposes;
+//   kAmx = false (avx512bf16): vdpbf16ps (gemm_bf16.h), 2 x an f32 FMA's
+//     multiply-adds per instruction.
+// Operands are packed as bf16 pairs of consecutive depth indices: Q^T and K
+// exactly as given (unscaled: the scale multiplies the f32 scores), V by pairs
+// of keys, and P — rounded to bf16, as FlashAttention does on GPUs — by pairs
+// of keys as well. Scores, softmax statistics, the output accumulator and the
+// LSE stay f32; the row sums use the unrounded P.
+// Included inside the avx512bf16 + AMX target region of isa_avx512.cpp, after
+// forward_impl.h (it shares its logit and softmax helpers).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "backends/flash/flash_params.h"
+#include "backends/flash/kernel_traits.h"
+
+namespace attend::flash::ATTEND_FLASH_ISA {
+
+// Scratch floats of the bf16 forward beyond forward_scratch_floats: P as key
+// pairs; for AMX, head-dim pairs padded to 16 (Q^T, K) and V^T beside V's pairs.
+template <class S>
+std::int64_t forward_bf16_extra_floats(std::int64_t, std::int64_t dv) {
+  using T = KernelTraits<S>;
+  return T::fwd_n / 2 * T::fwd_m + 16 * (T::fwd_m + T::fwd_n) + T::fwd_n / 2 * round_up(dv, S::W);
+}
+
+template <class S, bool kAmx = false>
+void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) {
+  static_assert(S::W == 16, "vdpbf16ps kernels are AVX-512 only");
+  using Tr = KernelTraits<S>;
+  using V = typename S::V;
+  using detail::bf16_t;
+  constexpr std::int64_t BM = Tr::fwd_m, BN = Tr::fwd_n;
+  static_assert(BN % 2 == 0 && BM % 16 == 0);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const detail::SeqSpan span = p.span(b);
+  const std::int64_t i0 = qb * BM, m = std::min(BM, span.q_len - i0);
+  if (m <= 0) return;
+  const std::int64_t mp = round_up(m, S::W), hk = h / p.group, dqk = p.dqk, dv = p.dv, dvp = round_up(dv, S::W);
+  // Pairs along the head dimension (AMX: padded to its 16-pair tile depth).
+  const std::int64_t kp = kAmx ? round_up((dqk + 1) / 2, 16) : (dqk + 1) / 2;
+  if constexpr (kAmx) amx_configure();
+
+  auto* qt2 = reinterpret_cast<std::uint32_t*>(scratch);  // kp x BM: (q[r][2p], q[r][2p+1])
+  auto* kblk2 = qt2 + kp * BM;                             // BN x kp: K rows as pairs
+  auto* vv2 = kblk2 + BN * kp;                             // BN/2 x dvp: (v[2p][d], v[2p+1][d])
+  float* st = reinterpret_cast<float*>(vv2 + BN / 2 * dvp);  // BN x BM: S^T, then P^T (f32)
+  auto* pt2 = reinterpret_cast<std::uint32_t*>(st + BN * BM);  // BN/2 x BM: (P[r][2p], P[r][2p+1])
+  float* acc = reinterpret_cast<float*>(pt2 + BN / 2 * BM);    // BM x dvp
+  float* row_max = acc + BM * dvp;
+  float* row_sum = row_max + BM;
+  float* alpha = row_sum + BM;
+
+  const bf16_t* q = p.q_as<bf16_t>();
+  for (std::int64_t r = 0; r < mp; ++r) {
+    const bf16_t* src = r < m ? q + p.sq.offset(b, span.q_begin + i0 + r, h) : nullptr;
+    for (std::int64_t pp = 0; pp < kp; ++pp) {
+      const std::uint32_t lo = src && 2 * pp < dqk ? src[2 * pp].bits : 0u;
+      const std::uint32_t hi = src && 2 * pp + 1 < dqk ? src[2 * pp + 1].bits : 0u;
+      qt2[pp * BM + r] = lo | hi << 16;
+    }
+    row_max[r] = kNegInf;
+    row_sum[r] = 0.0f;
+  }
+  // AMX accumulates O^T (dvp x BM: rows are output dims), so that P^T's pair
+  // layout is its B operand as it stands; the AVX-512 path O (BM x dvp).
+  std::fill(acc, acc + (kAmx ? dvp * BM : m * dvp), 0.0f);
+
+  const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
+  const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
+  const __mmask16 dv_tail = static_cast<__mmask16>((1u << (dv % 16)) - 1u);
+  for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
+    const std::int64_t n = std::min(BN, last.end - j0), np = (n + 1) / 2;
+    for (std::int64_t j = 0; j < n; ++j) {
+      std::uint32_t* row = kblk2 + j * kp;
+      std::fill(row + dqk / 2, row + kp, 0u);  // the odd head dim's missing half, AMX padding
+      std::memcpy(row, p.k_row<bf16_t>(b, span, j0 + j, hk), static_cast<std::size_t>(dqk) * sizeof(bf16_t));
+    }
+    for (std::int64_t pp = 0; pp < np; ++pp) {
+      const bf16_t* v0 = p.v_row<bf16_t>(b, span, j0 + 2 * pp, hk);
+      const bf16_t* v1 = 2 * pp + 1 < n ? p.v_row<bf16_t>(b, span, j0 + 2 * pp + 1, hk) : nullptr;
+      std::uint32_t* dst = vv2 + pp * dvp;
+      for (std::int64_t d = 0; d < dvp; d += 16) {
+        const __mmask16 mask = d + 16 <= dv ? static_cast<__mmask16>(0xffff) : dv_tail;
+        const __m256i a = _mm256_maskz_loadu_epi16(mask, v0 + d);
+        const __m256i c = v1 ? _mm256_maskz_loadu_epi16(mask, v1 + d) : _mm256_setzero_si256();
+        _mm512_storeu_si512(dst + d, interleave_rows(a, c));
+      }
+    }
+    for (std::int64_t j = j0 + BN; j < std::min(j0 + 2 * BN, last.end); ++j) {
+      prefetch_row(p.k_row<bf16_t>(b, span, j, hk), dqk);
+      prefetch_row(p.v_row<bf16_t>(b, span, j, hk), dv);
+    }
+    if constexpr (kAmx) {
+      amx_gemm(round_up(n, 32), mp, kp, kblk2, kp, qt2, BM, st, BM, false);
+    } else {
+      dp_gemm<Tr::mr, Tr::nv>(n, mp, kp, MatW{kblk2, kp, 1}, qt2, BM, st, BM, false);
+    }
+    const V vscale = S::set1(p.scale);
+    for (std::int64_t j = 0; j < n; ++j) {
+      for (std::int64_t c = 0; c < mp; c += S::W) S::store(st + j * BM + c, S::mul(S::load(st + j * BM + c), vscale));
+    }
+
+    const bool interior = last.begin <= j0 && first.end >= j0 + n;
+    const Tile tile{b, h, i0, m, j0, n, span, st, BM, true, n, mp};
+    if (!(plain && interior)) finish_logits<S, bf16_t>(p, tile, nullptr);
+
+    // Online softmax across key rows, exactly as forward_impl.h.
+    const V floor = S::set1(std::numeric_limits<float>::lowest());
+    for (std::int64_t c = 0; c < mp; c += S::W) {
+      const V old_max = S::load(row_max + c);
+      V new_max = old_max;
+      for (std::int64_t j = 0; j < n; ++j) new_max = S::max(new_max, S::load(st + j * BM + c));
+      const V shift = S::max(new_max, floor);
+      V sum = S::zero();
+      for (std::int64_t j = 0; j < n; ++j) {
+        const V e = S::exp(S::sub(S::load(st + j * BM + c), shift));
+        S::store(st + j * BM + c, e);
+        sum = S::add(sum, e);
+      }
+      const V a = S::exp(S::sub(old_max, shift));
+      S::store(alpha + c, a);
+      S::store(row_max + c, new_max);
+      S::store(row_sum + c, S::fmadd(S::load(row_sum + c), a, sum));
+    }
+    if constexpr (kAmx) {
+      for (std::int64_t d = 0; d < dvp; ++d) {
+        for (std::int64_t c = 0; c < mp; c += S::W) S::store(acc + d * BM + c, S::mul(S::load(acc + d * BM + c), S::load(alpha + c)));
+      }
+    } else {
+      for (std::int64_t r = 0; r < m; ++r) {
+        if (alpha[r] == 1.0f) continue;
+        const V a = S::set1(alpha[r]);
+        for (std::int64_t d = 0; d < dvp; d += S::W) S::store(acc + r * dvp + d, S::mul(S::load(acc + r * dvp + d), a));
+      }
+    }
+    if (p.dropout) apply_dropout(p, tile);
+
+    // P^T rows (keys) 2p and 2p+1 -> word pairs per query, rounded to bf16.
+    for (std::int64_t pp = 0; pp < np; ++pp) {
+      const float* lo = st + 2 * pp * BM;
+      const float* hi = 2 * pp + 1 < n ? lo + BM : nullptr;
+      for (std::int64_t c = 0; c < mp; c += S::W) {
+        const __m512 h16 = hi ? _mm512_loadu_ps(hi + c) : _mm512_setzero_ps();
+        _mm512_storeu_si512(pt2 + pp * BM + c, pack_pairs(_mm512_loadu_ps(lo + c), h16));
+      }
+    }
+    if constexpr (kAmx) {
+      // V^T as pairs of keys: vt[d][p] = (v[2p][d], v[2p+1][d]), built 16 x 16
+      // words at a time from vv2's rows and transposed in registers.
+      const std::int64_t npp = round_up(np, 16);
+      std::uint32_t* vt = vv2 + BN / 2 * dvp;  // after vv2 (forward_bf16_extra_floats makes room)
+      for (std::int64_t p0 = 0; p0 < npp; p0 += 16) {
+        for (std::int64_t d0 = 0; d0 < dvp; d0 += 16) {
+          __m512i w[16];
+          for (int i = 0; i < 16; ++i) {
+            w[i] = p0 + i < np ? _mm512_loadu_si512(vv2 + (p0 + i) * dvp + d0) : _mm512_setzero_si512();
+          }
+          transpose16x16(w);
+          for (int i = 0; i < 16; ++i) _mm512_storeu_si512(vt + (d0 + i) * npp + p0, w[i]);
+        }
+      }
+      for (std::int64_t pp = np; pp < npp; ++pp) std::fill(pt2 + pp * BM, pt2 + pp * BM + mp, 0u);
+      amx_gemm(dvp, mp, npp, vt, npp, pt2, BM, acc, BM, true);
+    } else {
+      dp_gemm<Tr::mr, Tr::nv>(m, dvp, np, MatW{pt2, 1, BM}, vv2, dvp, acc, dvp, true);
+    }
+  }
+
+  for (std::int64_t r = 0; r < m; ++r) {
+    const std::int64_t row = span.q_begin + i0 + r;
+    bf16_t* dst = p.out_as<bf16_t>() + p.so.offset(b, row, h);
+    const float l = row_sum[r];
+    const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
+    for (std::int64_t d = 0; d < dv; ++d) dst[d] = bf16_t((kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * inv);
+    p.lse[p.slse.offset(b, row, h)] = l > 0 ? row_max[r] + std::log(l) : kNegInf;
+  }
+  // Back to the init state: the OS then need not save this thread's tile data.
+  if constexpr (kAmx) _tile_release();
+}
+
+}  // namespace attend::flash::ATTEND_FLASH_ISA

@@ -1,0 +1,97 @@
+// decode on bf16/f16 inputs: against the f64 reference with the §3.3
+// same-precision-baseline rule, and exactly the f32 kernel's result on the
+// widened inputs (loads widen exactly; all math is f32), for dense, varlen and
+// paged caches, under every forced ISA.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "attend/attend.h"
+#include "attend/backends/decode.h"
+#include "attend/backends/flash.h"
+#include "backends/decode/paged_problem.h"
+#include "support/half_baseline.h"
+#include "support/tensors.h"
+
+namespace attend {
+namespace {
+
+struct HalfCase {
+  std::string name;
+  AttentionSpec spec;
+  std::vector<std::int32_t> lens_q, lens_kv;
+  std::int64_t page = 0;
+};
+
+std::ostream& operator<<(std::ostream& os, const HalfCase& c) { return os << c.name; }
+
+AttentionSpec base(std::int64_t sq, std::int64_t sk, std::int64_t dqk, std::int64_t dv) {
+  AttentionSpec s;
+  s.batch = 2;
+  s.seqlen_q = sq;
+  s.seqlen_kv = sk;
+  s.heads_q = 4;
+  s.heads_kv = 2;
+  s.head_dim_qk = dqk;
+  s.head_dim_v = dv;
+  return s;
+}
+
+std::vector<HalfCase> cases() {
+  std::vector<HalfCase> v;
+  v.push_back({"one_query_many_splits", base(1, 1100, 64, 64), {}, {}, 0});
+  v.push_back({"odd_dims_59_111", base(3, 333, 59, 111), {}, {}, 0});
+  HalfCase c{"causal_softcap_alibi", base(4, 530, 128, 128), {}, {}, 0};
+  c.spec.causal = true;
+  c.spec.softcap = 6;
+  c.spec.alibi = true;
+  v.push_back(c);
+  c = {"bias_window_dropout", base(2, 300, 64, 32), {}, {}, 0};
+  c.spec.has_bias = true;
+  c.spec.window_left = 40;
+  c.spec.dropout_p = 0.2;
+  v.push_back(c);
+  c = {"varlen", base(0, 0, 64, 64), {1, 0, 3}, {400, 17, 0}, 0};
+  c.spec.layout = Layout::thd;
+  v.push_back(c);
+  c = {"paged_causal", base(2, 0, 64, 64), {}, {700, 90}, 16};
+  c.spec.causal = true;
+  v.push_back(c);
+  return v;
+}
+
+class DecodeHalf : public ::testing::TestWithParam<std::tuple<HalfCase, DType>> {};
+
+TEST_P(DecodeHalf, MatchesReferenceWithinBaselineAndEqualsF32KernelOnWidenedInputs) {
+  if (const char* isa = std::getenv("ATTEND_ISA"); isa && *isa && !flash_isa_supported(isa)) GTEST_SKIP();
+  const auto& [c, dt] = GetParam();
+  testing::Problem p32;
+  testing::PagedProblem pp;
+  if (c.page > 0) {
+    pp = testing::make_paged(c.spec, c.page, c.lens_kv, {}, 9);
+    p32 = testing::paged_as_problem(pp);
+  } else {
+    p32 = testing::make_problem(c.spec, 9, c.lens_q, c.lens_kv);
+  }
+  const testing::Problem half = testing::problem_as(p32, dt);
+  const testing::Problem widened = testing::problem_as(half, DType::f32);
+  const auto decode = make_decode_backend();
+  ASSERT_TRUE(decode->check(half.spec, Pass::forward).ok()) << decode->check(half.spec, Pass::forward).to_string();
+  const testing::PassResults got = testing::run_backend(*decode, half, false);
+  const testing::HalfBaseline b = testing::half_baseline(half, testing::problem_as(half, DType::f64), false);
+  testing::expect_half_results(got, b, dt, false);
+  const testing::PassResults f32 = testing::run_backend(*decode, widened, false);
+  EXPECT_TRUE(testing::bitwise_equal(got.out, testing::convert(f32.out, dt)));
+  EXPECT_TRUE(testing::bitwise_equal(got.lse, f32.lse));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DecodeHalf,
+                         ::testing::Combine(::testing::ValuesIn(cases()), ::testing::Values(DType::bf16, DType::f16)),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param).name + "_" + std::string(to_string(std::get<1>(param_info.param)));
+                         });
+
+}  // namespace
+}  // namespace attend

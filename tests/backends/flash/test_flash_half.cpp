@@ -1,0 +1,198 @@
+// flash on bf16/f16 inputs, forward and all gradients, against the f64 reference
+// with FlashAttention's same-precision-baseline rule (fa_semantics.md §3.3), on
+// odd shapes across features; and, on the conversion paths, exactly the f32
+// kernel's result on the widened inputs rounded once (loads widen exactly, all
+// math is f32, dQ is accumulated in f32). Runs once per forced ISA.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <tuple>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attend/attend.h"
+#include "attend/backends/flash.h"
+#include "support/half_baseline.h"
+#include "support/tensors.h"
+
+namespace attend {
+namespace {
+
+struct HalfCase {
+  std::string name;
+  AttentionSpec spec;
+  std::vector<std::int32_t> lens_q, lens_kv;
+};
+
+std::ostream& operator<<(std::ostream& os, const HalfCase& c) { return os << c.name; }
+
+AttentionSpec base(std::int64_t sq, std::int64_t sk, std::int64_t dqk, std::int64_t dv) {
+  AttentionSpec s;
+  s.seqlen_q = sq;
+  s.seqlen_kv = sk;
+  s.heads_q = 2;
+  s.heads_kv = 2;
+  s.head_dim_qk = dqk;
+  s.head_dim_v = dv;
+  return s;
+}
+
+std::vector<HalfCase> cases() {
+  std::vector<HalfCase> v;
+  v.push_back({"plain_113x203_d64", base(113, 203, 64, 64), {}, {}});
+  v.push_back({"d128_300x300", base(300, 300, 128, 128), {}, {}});
+  v.push_back({"mla_192_128", base(70, 90, 192, 128), {}, {}});
+  v.push_back({"odd_59_111", base(77, 65, 59, 111), {}, {}});
+  HalfCase c{"causal_gqa_softcap", base(130, 150, 64, 64), {}, {}};
+  c.spec.causal = true;
+  c.spec.heads_q = 4;
+  c.spec.softcap = 10;
+  c.spec.heads_kv = 2;
+  v.push_back(c);
+  c = {"window_alibi_bias_dropout", base(90, 120, 72, 40), {}, {}};
+  c.spec.window_left = 30;
+  c.spec.window_right = 5;
+  c.spec.alibi = true;
+  c.spec.has_bias = true;
+  c.spec.dropout_p = 0.15;
+  c.spec.dropout_seed = 5;
+  v.push_back(c);
+  c = {"varlen_empty_mqa", base(0, 0, 64, 48), {70, 0, 5}, {90, 20, 0}};
+  c.spec.layout = Layout::thd;
+  c.spec.heads_q = 3;
+  c.spec.heads_kv = 1;
+  v.push_back(c);
+  c = {"bhsd_causal_sq_above_sk", base(150, 60, 32, 32), {}, {}};
+  c.spec.layout = Layout::bhsd;
+  c.spec.causal = true;
+  v.push_back(c);
+  return v;
+}
+
+bool forced_isa_unavailable() {
+  const char* isa = std::getenv("ATTEND_ISA");
+  return isa && *isa && !flash_isa_supported(isa);
+}
+
+class FlashHalf : public ::testing::TestWithParam<std::tuple<HalfCase, DType>> {};
+
+TEST_P(FlashHalf, ForwardAndGradientsWithinSamePrecisionBaseline) {
+  if (forced_isa_unavailable()) GTEST_SKIP();
+  const auto& [c, dt] = GetParam();
+  const testing::Problem half = testing::problem_as(testing::make_problem(c.spec, 21, c.lens_q, c.lens_kv), dt);
+  const auto flash = make_flash_backend();
+  ASSERT_TRUE(flash->check(half.spec, Pass::forward).ok());
+  ASSERT_TRUE(flash->check(half.spec, Pass::backward).ok());
+  const testing::PassResults got = testing::run_backend(*flash, half, true);
+  EXPECT_EQ(got.out.view().dtype, dt);
+  EXPECT_EQ(got.dq.view().dtype, dt);
+  EXPECT_EQ(got.lse.view().dtype, DType::f32);
+  const testing::HalfBaseline b = testing::half_baseline(half, testing::problem_as(half, DType::f64), true);
+  testing::expect_half_results(got, b, dt, true);
+}
+
+// The conversion paths compute exactly what the f32 kernels compute on the
+// widened inputs (the avx512bf16/avx512amx families' bf16 forward GEMMs round
+// P to bf16 instead: their accuracy is what the baseline test above checks).
+TEST_P(FlashHalf, ConversionPathEqualsF32KernelOnWidenedInputs) {
+  if (forced_isa_unavailable()) GTEST_SKIP();
+  const auto& [c, dt] = GetParam();
+  const std::string_view isa = flash_active_isa();
+  if (dt == DType::bf16 && (isa == "avx512bf16" || isa == "avx512amx")) GTEST_SKIP() << "bf16 forward on bf16 GEMMs";
+  const testing::Problem half = testing::problem_as(testing::make_problem(c.spec, 22, c.lens_q, c.lens_kv), dt);
+  const testing::Problem wide = testing::problem_as(half, DType::f32);
+  const auto flash = make_flash_backend();
+  const testing::PassResults got = testing::run_backend(*flash, half, true);
+  // The f32 backward reads out (and dout) as given: give it the rounded output.
+  testing::PassResults f32;
+  f32.out = testing::convert(got.out, DType::f32);
+  f32.lse = testing::convert(got.lse, DType::f32);
+  const testing::PassResults fwd32 = testing::run_backend(*flash, wide, false);
+  EXPECT_TRUE(testing::bitwise_equal(got.out, testing::convert(fwd32.out, dt)));
+  EXPECT_TRUE(testing::bitwise_equal(got.lse, fwd32.lse));
+  f32.dq = Tensor::zeros_like(wide.q);
+  f32.dk = Tensor::zeros_like(wide.k);
+  f32.dv = Tensor::zeros_like(wide.v);
+  flash->backward(BackwardArgs{wide.spec, wide.inputs, f32.out, f32.lse, wide.dout, f32.dq, f32.dk, f32.dv, {}});
+  EXPECT_TRUE(testing::bitwise_equal(got.dq, testing::convert(f32.dq, dt)));
+  EXPECT_TRUE(testing::bitwise_equal(got.dk, testing::convert(f32.dk, dt)));
+  EXPECT_TRUE(testing::bitwise_equal(got.dv, testing::convert(f32.dv, dt)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashHalf,
+                         ::testing::Combine(::testing::ValuesIn(cases()), ::testing::Values(DType::bf16, DType::f16)),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param).name + "_" +
+                                  std::string(to_string(std::get<1>(param_info.param)));
+                         });
+
+// A copy of a contiguous (B, S, H, D) tensor inside rows of `pad` elements whose
+// gaps hold NaN; the returned view shows only the data (strided, last dim contiguous).
+TensorView nan_padded(const Tensor& t, std::int64_t pad, Tensor& storage) {
+  const TensorView& v = t.view();
+  storage = Tensor::zeros(v.dtype, {v.shape[0], v.shape[1], v.shape[2], pad});
+  for (std::int64_t i = 0; i < storage.numel(); ++i) testing::set_element(storage, i, std::nan(""));
+  const std::int64_t rows = v.shape[0] * v.shape[1] * v.shape[2], d = v.shape[3];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < d; ++c) testing::set_element(storage, r * pad + c, testing::element(t, r * d + c));
+  }
+  TensorView out = storage.view();
+  out.shape[3] = d;
+  return out;
+}
+
+// Kernels read exactly the rows' elements: NaNs right after each row (where a
+// padded pair or a vector tail could reach) change no bit of any result.
+TEST(FlashHalfStrided, ValuesBetweenRowsNeverReachResults) {
+  if (forced_isa_unavailable()) GTEST_SKIP();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    AttentionSpec s = base(70, 90, 40, 24);
+    s.batch = 2;
+    s.causal = true;
+    const testing::Problem dense = testing::problem_as(testing::make_problem(s, 31), dt);
+    testing::Problem strided = dense;
+    Tensor sq, sk, sv, sdo;
+    strided.inputs.q = nan_padded(dense.q, 64, sq);
+    strided.inputs.k = nan_padded(dense.k, 64, sk);
+    strided.inputs.v = nan_padded(dense.v, 48, sv);
+    const auto flash = make_flash_backend();
+    const testing::PassResults want = testing::run_backend(*flash, dense, true);
+    testing::PassResults got;
+    got.out = Tensor::zeros_like(want.out);
+    got.lse = Tensor::zeros_like(want.lse);
+    flash->forward(ForwardArgs{strided.spec, strided.inputs, got.out, got.lse});
+    got.dq = Tensor::zeros_like(dense.q);
+    got.dk = Tensor::zeros_like(dense.k);
+    got.dv = Tensor::zeros_like(dense.v);
+    const TensorView dout = nan_padded(dense.dout, 32, sdo);
+    flash->backward(BackwardArgs{strided.spec, strided.inputs, got.out, got.lse, dout, got.dq, got.dk, got.dv, {}});
+    for (auto [name, a, b] : {std::tuple{"out", got.out, want.out}, std::tuple{"lse", got.lse, want.lse},
+                              std::tuple{"dq", got.dq, want.dq}, std::tuple{"dk", got.dk, want.dk},
+                              std::tuple{"dv", got.dv, want.dv}}) {
+      EXPECT_TRUE(testing::bitwise_equal(a, b)) << name << " " << to_string(dt);
+    }
+  }
+}
+
+TEST(FlashHalfCheck, ChecksStateEachDtypeAndPass) {
+  const auto flash = make_flash_backend();
+  AttentionSpec s = base(64, 64, 64, 64);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    s.dtype = dt;
+    EXPECT_TRUE(flash->check(s, Pass::forward).ok()) << to_string(dt);
+    EXPECT_TRUE(flash->check(s, Pass::backward).ok()) << to_string(dt);
+  }
+  s.dtype = DType::f64;
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    const Support sup = flash->check(s, pass);
+    ASSERT_EQ(sup.reasons.size(), 1u);
+    EXPECT_EQ(sup.reasons[0].code, ReasonCode::dtype);
+    EXPECT_NE(sup.reasons[0].message.find("dtype=f64"), std::string::npos) << sup.reasons[0].message;
+    EXPECT_NE(sup.reasons[0].message.find("f32, bf16, f16"), std::string::npos) << sup.reasons[0].message;
+  }
+}
+
+}  // namespace
+}  // namespace attend
