@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attend/error.h"
+#include "core/threads.h"
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
 
@@ -21,18 +22,6 @@ namespace {
 // whole GQA group times the head dims must stay a cache-sized working set.
 constexpr std::int64_t kMaxScratchFloats = std::int64_t{1} << 24;
 
-// ATTEND_NUM_THREADS caps the threads, as for flash; otherwise OpenMP decides.
-int thread_budget() {
-  if (const char* env = std::getenv("ATTEND_NUM_THREADS"); env && *env) {
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (*end != '\0' || n < 1 || n > 4096) {
-      throw Error(ErrorCode::invalid_argument, "ATTEND_NUM_THREADS", env, "expected an integer in [1, 4096]");
-    }
-    return static_cast<int>(n);
-  }
-  return std::max(1, omp_get_max_threads());
-}
 
 std::size_t to_bytes(std::int64_t floats, std::int64_t copies) {
   std::size_t r = 0;
@@ -79,7 +68,7 @@ class DecodeBackend final : public Backend {
   std::size_t workspace_bytes(const AttentionSpec& s, Pass pass) const override {
     if (pass == Pass::backward) return 0;
     const decode::SplitPlan plan = decode::plan_splits(s);
-    const std::size_t scratch = to_bytes(plan.scratch_floats, thread_budget());
+    const std::size_t scratch = to_bytes(plan.scratch_floats, detail::thread_budget());
     const std::size_t partial = to_bytes(plan.partial_floats, 1);
     std::size_t total = 0;
     if (__builtin_add_overflow(scratch, partial, &total)) return std::numeric_limits<std::size_t>::max();
@@ -98,7 +87,7 @@ class DecodeBackend final : public Backend {
     // Heads per task: as many as the scratch holds (streaming whole token
     // rows), fewer when that would leave threads idle. Results do not depend on it.
     struct Task { std::int64_t b, hk0, hk1, split; };
-    const int budget = thread_budget();
+    const int budget = detail::thread_budget();
     std::int64_t total_splits = 0;
     for (std::int64_t b = 0; b < p.batch; ++b) total_splits += p.splits(b);
     std::int64_t chunk = p.plan.head_chunk;

@@ -10,24 +10,12 @@
 #include <vector>
 
 #include "attend/error.h"
+#include "core/threads.h"
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
 
 namespace attend {
 namespace {
-
-// ATTEND_NUM_THREADS caps the threads; otherwise OpenMP decides (OMP_NUM_THREADS).
-int thread_budget() {
-  if (const char* env = std::getenv("ATTEND_NUM_THREADS"); env && *env) {
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (*end != '\0' || n < 1 || n > 4096) {
-      throw Error(ErrorCode::invalid_argument, "ATTEND_NUM_THREADS", env, "expected an integer in [1, 4096]");
-    }
-    return static_cast<int>(n);
-  }
-  return std::max(1, omp_get_max_threads());
-}
 
 // bf16/f16 backward: dQ of a task's GQA group is summed in f32 across key
 // blocks and rounded once (backward_impl.h), in per-thread scratch after the
@@ -67,7 +55,7 @@ class FlashBackend final : public Backend {
 
   std::size_t workspace_bytes(const AttentionSpec& s, Pass pass) const override {
     const std::int64_t per_thread = pass == Pass::forward ? forward_floats(s) : backward_floats(s);
-    return static_cast<std::size_t>(per_thread) * sizeof(float) * static_cast<std::size_t>(thread_budget());
+    return static_cast<std::size_t>(per_thread) * sizeof(float) * static_cast<std::size_t>(detail::thread_budget());
   }
 
  protected:
@@ -123,7 +111,7 @@ class FlashBackend final : public Backend {
   static void run_parallel(const Workspace& ws, std::size_t per_thread_floats, std::int64_t tasks, Fn&& fn) {
     const std::size_t slice_bytes = per_thread_floats * sizeof(float);
     const int threads = std::max(1, static_cast<int>(std::min<std::size_t>(
-        {static_cast<std::size_t>(thread_budget()), ws.bytes / slice_bytes, static_cast<std::size_t>(std::max<std::int64_t>(tasks, 1))})));
+        {static_cast<std::size_t>(detail::thread_budget()), ws.bytes / slice_bytes, static_cast<std::size_t>(std::max<std::int64_t>(tasks, 1))})));
     auto* base = static_cast<float*>(ws.data);
 #pragma omp parallel num_threads(threads)
     {

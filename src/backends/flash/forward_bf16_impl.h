@@ -116,24 +116,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     const Tile tile{b, h, i0, m, j0, n, span, st, BM, true, n, mp};
     if (!(plain && interior)) finish_logits<S, bf16_t>(p, tile, nullptr);
 
-    // Online softmax across key rows, exactly as forward_impl.h.
-    const V floor = S::set1(std::numeric_limits<float>::lowest());
-    for (std::int64_t c = 0; c < mp; c += S::W) {
-      const V old_max = S::load(row_max + c);
-      V new_max = old_max;
-      for (std::int64_t j = 0; j < n; ++j) new_max = S::max(new_max, S::load(st + j * BM + c));
-      const V shift = S::max(new_max, floor);
-      V sum = S::zero();
-      for (std::int64_t j = 0; j < n; ++j) {
-        const V e = S::exp(S::sub(S::load(st + j * BM + c), shift));
-        S::store(st + j * BM + c, e);
-        sum = S::add(sum, e);
-      }
-      const V a = S::exp(S::sub(old_max, shift));
-      S::store(alpha + c, a);
-      S::store(row_max + c, new_max);
-      S::store(row_sum + c, S::fmadd(S::load(row_sum + c), a, sum));
-    }
+    online_softmax_step<S>(st, BM, n, 0, mp, row_max, row_sum, alpha);
     if constexpr (kAmx) {
       for (std::int64_t d = 0; d < dvp; ++d) {
         for (std::int64_t c = 0; c < mp; c += S::W) S::store(acc + d * BM + c, S::mul(S::load(acc + d * BM + c), S::load(alpha + c)));

@@ -83,25 +83,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     const Tile tile{b, h, i0 + c0, mc, j0, n, span, sc, BM, true, n, c1 - c0};
     if (!(plain && interior)) finish_logits<S, E>(p, tile, nullptr);
 
-    // Online softmax, vectorised across queries. A query with nothing visible
-    // yet keeps max = -inf; subtracting max(m, -FLT_MAX) keeps exp() at 0, not NaN.
-    const V floor = S::set1(std::numeric_limits<float>::lowest());
-    for (std::int64_t c = c0; c < c1; c += S::W) {
-      const V old_max = S::load(row_max + c);
-      V new_max = old_max;
-      for (std::int64_t j = 0; j < n; ++j) new_max = S::max(new_max, S::load(st + j * BM + c));
-      const V shift = S::max(new_max, floor);
-      V sum = S::zero();
-      for (std::int64_t j = 0; j < n; ++j) {
-        const V e = S::exp(S::sub(S::load(st + j * BM + c), shift));
-        S::store(st + j * BM + c, e);
-        sum = S::add(sum, e);
-      }
-      const V a = S::exp(S::sub(old_max, shift));
-      S::store(alpha + c, a);
-      S::store(row_max + c, new_max);
-      S::store(row_sum + c, S::fmadd(S::load(row_sum + c), a, sum));
-    }
+    online_softmax_step<S>(st, BM, n, c0, c1, row_max, row_sum, alpha);
     for (std::int64_t r = c0; r < c0 + mc; ++r) {
       if (alpha[r] == 1.0f) continue;
       const V a = S::set1(alpha[r]);

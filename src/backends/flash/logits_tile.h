@@ -96,6 +96,35 @@ inline void apply_dropout(const FlashParams& p, const Tile& t) {
   }
 }
 
+// One online-softmax step over a key-major tile (n key rows, ld floats apart),
+// vectorised across query columns [c0, c1): raises each query's running max,
+// turns the scores into exp(s - max) in place, and rescales the running sum;
+// alpha receives the factor the output accumulator must be scaled by. A query
+// with nothing visible yet keeps max = -inf; subtracting max(m, -FLT_MAX)
+// keeps exp() at 0, not NaN.
+template <class S>
+inline void online_softmax_step(float* st, std::int64_t ld, std::int64_t n, std::int64_t c0, std::int64_t c1,
+                                float* row_max, float* row_sum, float* alpha) {
+  using V = typename S::V;
+  const V floor = S::set1(std::numeric_limits<float>::lowest());
+  for (std::int64_t c = c0; c < c1; c += S::W) {
+    const V old_max = S::load(row_max + c);
+    V new_max = old_max;
+    for (std::int64_t j = 0; j < n; ++j) new_max = S::max(new_max, S::load(st + j * ld + c));
+    const V shift = S::max(new_max, floor);
+    V sum = S::zero();
+    for (std::int64_t j = 0; j < n; ++j) {
+      const V e = S::exp(S::sub(S::load(st + j * ld + c), shift));
+      S::store(st + j * ld + c, e);
+      sum = S::add(sum, e);
+    }
+    const V a = S::exp(S::sub(old_max, shift));
+    S::store(alpha + c, a);
+    S::store(row_max + c, new_max);
+    S::store(row_sum + c, S::fmadd(S::load(row_sum + c), a, sum));
+  }
+}
+
 // dst[0, ldp) = src[0, n) widened to f32, followed by zeros.
 template <class S, class E>
 inline void copy_row(const E* src, std::int64_t n, float* dst, std::int64_t ldp) {
