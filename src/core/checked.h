@@ -29,6 +29,9 @@ inline std::int64_t checked_add(std::int64_t a, std::int64_t b, std::string_view
   return r;
 }
 
+// ceil(a / b) for a >= 0, b >= 1, without the a + b - 1 that overflows.
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
 // Bytes for `count` elements of `elem_size` bytes, checked against size_t.
 inline std::size_t checked_bytes(std::int64_t count, std::size_t elem_size, std::string_view what) {
   std::size_t r = 0;

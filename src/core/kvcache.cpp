@@ -59,7 +59,7 @@ KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
     invalid("KVCacheConfig.page_size", std::to_string(c.page_size), "must be a power of two");
   }
   if (c.num_pages < 0) invalid("KVCacheConfig.num_pages", std::to_string(c.num_pages), "must be >= 0 (0: enough for every sequence)");
-  pages_per_seq_ = (c.max_seqlen + c.page_size - 1) / c.page_size;
+  pages_per_seq_ = detail::ceil_div(c.max_seqlen, c.page_size);
   if (config_.num_pages == 0) config_.num_pages = detail::checked_mul(c.batch, pages_per_seq_, "KVCacheConfig.num_pages");
   constexpr std::int64_t kMaxId = std::numeric_limits<std::int32_t>::max();
   if (config_.num_pages > kMaxId || pages_per_seq_ * c.page_size > kMaxId) {
@@ -145,7 +145,7 @@ void KVCache::append(const TensorView& k, const TensorView& v, std::span<const s
                   std::to_string(capacity()) + " tokens",
               std::to_string(capacity() - len));
     }
-    need_pages += (len + n + c.page_size - 1) / c.page_size - static_cast<std::int64_t>(pages_[static_cast<std::size_t>(b)].size());
+    need_pages += detail::ceil_div(len + n, c.page_size) - static_cast<std::int64_t>(pages_[static_cast<std::size_t>(b)].size());
   }
   if (need_pages > free_pages()) {
     invalid("k", k.shape_string(), "append needs " + std::to_string(need_pages) + " new pages, the pool has " +
@@ -171,7 +171,7 @@ void KVCache::append(std::int64_t seq, const TensorView& k, const TensorView& v)
                 std::to_string(capacity()) + " tokens",
             std::to_string(capacity() - len));
   }
-  const std::int64_t need = (len + n + c.page_size - 1) / c.page_size - static_cast<std::int64_t>(pages_[static_cast<std::size_t>(seq)].size());
+  const std::int64_t need = detail::ceil_div(len + n, c.page_size) - static_cast<std::int64_t>(pages_[static_cast<std::size_t>(seq)].size());
   if (need > free_pages()) {
     invalid("k.shape[0]", std::to_string(n), "append needs " + std::to_string(need) + " new pages, the pool has " +
                                                  std::to_string(free_pages()) + " free", std::to_string(free_pages()));

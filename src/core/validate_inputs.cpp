@@ -146,7 +146,8 @@ void check_paged(const AttentionSpec& s, const Inputs& in) {
                       " keys, above spec.seqlen_kv",
                   std::to_string(s.seqlen_kv));
     }
-    for (std::int64_t pg = begin / ps; pg < (end + ps - 1) / ps; ++pg) {
+    // ceil_div: end + ps - 1 overflowed for a page size near INT64_MAX (found by fuzz_spec).
+    for (std::int64_t pg = begin / ps; pg < detail::ceil_div(end, ps); ++pg) {
       const std::int64_t id = table[b * bt.strides[0] + pg * bt.strides[1]];
       if (id < 0 || id >= pages) {
         throw Error(ErrorCode::invalid_argument,
