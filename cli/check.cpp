@@ -49,6 +49,7 @@ std::vector<ErrorStats> check_against_reference(const Problem& p, const ProblemD
   using attend::DType;
   attend::AttentionSpec s64 = p.spec;
   s64.dtype = DType::f64;
+  s64.dq_dtype.reset();
   s64.need_lse = true;
   const auto ref = attend::make_reference_backend();
 

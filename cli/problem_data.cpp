@@ -90,10 +90,6 @@ Tensor cu_seqlens(const std::vector<std::int64_t>& lens, const char* what) {
 // are appended to an attend::KVCache, sequence b getting its first cache_lens[b].
 void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
   const AttentionSpec& s = p.spec;
-  if (s.dtype != DType::f32) {
-    throw attend::Error(attend::ErrorCode::invalid_argument, "--dtype", std::string(attend::to_string(s.dtype)),
-                        "the KV cache stores f32");
-  }
   const std::int64_t stored = std::max<std::int64_t>(1, *std::max_element(p.cache_lens.begin(), p.cache_lens.end()));
   d.k = input(src.k, "k", s.dtype, {s.batch, stored, s.heads_kv, s.head_dim_qk}, src.seed, 2);
   d.v = input(src.v, "v", s.dtype, {s.batch, stored, s.heads_kv, s.head_dim_v}, src.seed, 3);
@@ -104,6 +100,7 @@ void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
   c.head_dim_v = s.head_dim_v;
   c.max_seqlen = stored;
   c.page_size = s.kv_page_size;
+  c.dtype = s.dtype;
   attend::KVCache cache(c);
   cache.append(d.k, d.v, p.cache_lens);
   for (std::int64_t b = 0; b < s.batch; ++b) cache.set_leftpad(b, p.cache_pads[static_cast<std::size_t>(b)]);

@@ -32,6 +32,8 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
   app.add_option("--head-dim-qk", f.head_dim_qk, "feature size of q and k")->check(pos)->group(g);
   app.add_option("--head-dim-v", f.head_dim_v, "feature size of v and out")->check(pos)->group(g);
   app.add_option("--dtype", f.dtype, "f32|f64|bf16|f16")->group(g)->capture_default_str();
+  app.add_option("--dq-dtype", f.dq_dtype, "dtype of dq: f32 for a bf16/f16 problem keeps the unrounded f32 sum [--dtype]")
+      ->group(g);
   app.add_option("--layout", f.layout, "bshd|bhsd|sbhd (thd comes from --varlen-*) [bshd]")->group(g);
   f.scale_opt = app.add_option("--scale", f.scale, "softmax scale [1/sqrt(head_dim_qk)]")->group(g);
   app.add_flag("--causal", f.causal, "bottom-right aligned causal mask")->group(g);
@@ -184,6 +186,7 @@ Problem make_problem(const ProblemFlags& f) {
     throw attend::Error(attend::ErrorCode::invalid_argument, "--dtype", f.dtype,
                         "i32 is an index type; use f32, f64, bf16 or f16");
   }
+  if (!f.dq_dtype.empty()) s.dq_dtype = attend::parse_dtype(f.dq_dtype, "--dq-dtype");
   if (!f.layout.empty()) {
     s.layout = attend::parse_layout(f.layout);
     if (s.layout == attend::Layout::thd && f.varlen_q.empty() && f.varlen_kv.empty()) {

@@ -23,7 +23,7 @@ struct ProblemFlags {
   std::int64_t batch = 1, seqlen = 512, seqlen_q = 0, seqlen_kv = 0;
   std::int64_t heads = 8, heads_q = 0, heads_kv = 0;
   std::int64_t head_dim = 64, head_dim_qk = 0, head_dim_v = 0;
-  std::string dtype = "f32", layout, window, bias = "none";
+  std::string dtype = "f32", dq_dtype, layout, window, bias = "none";
   double scale = 0.0, softcap = 0.0, dropout = 0.0;
   std::uint64_t seed = 0;
   bool causal = false, alibi = false, bias_grad = false, deterministic = false, no_lse = false;

@@ -1,7 +1,8 @@
 // A paged KV cache for inference, and attention of new queries over it.
 //
 // Storage follows vLLM / FlashAttention's paged layout: K and V live in pools of
-// pages, (num_pages, page_size, heads_kv, head_dim) f32, and each sequence owns
+// pages, (num_pages, page_size, heads_kv, head_dim) in the cache's dtype (f32,
+// bf16, f16 or f64; half precision halves the bytes decode reads), and each sequence owns
 // a row of the block table listing its pages in token order. Pages are taken
 // from the pool as sequences grow and returned by reset(). Token t of sequence
 // b is row t % page_size of page block_table[b, t / page_size].
@@ -14,6 +15,7 @@
 // forward validates every entry it will read.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -33,12 +35,13 @@ struct KVCacheConfig {
   std::int64_t max_seqlen = 0;   // tokens one sequence can hold (rounded up to whole pages)
   std::int64_t page_size = 64;   // tokens per page: a power of two >= 1
   std::int64_t num_pages = 0;    // pages in the pool; 0: batch * ceil(max_seqlen / page_size)
+  DType dtype = DType::f32;      // of the pages, of appended K/V and of the queries at forward
 };
 
 class KVCache {
  public:
   // Throws attend::Error for a non-positive size, a page size that is not a
-  // power of two, or a pool whose page ids do not fit in int32.
+  // power of two, a pool whose page ids do not fit in int32, or an i32 dtype.
   explicit KVCache(const KVCacheConfig& config);
 
   const KVCacheConfig& config() const { return config_; }
@@ -52,7 +55,8 @@ class KVCache {
   bool has_leftpad() const;                      // some sequence has leftpad > 0
 
   // Appends tokens to every sequence. k: (B, S_new, heads_kv, head_dim_qk) and
-  // v: (B, S_new, heads_kv, head_dim_v), f32, any non-negative strides with a
+  // v: (B, S_new, heads_kv, head_dim_v), in the cache's dtype (no silent
+  // conversion: a mismatch is an error), any non-negative strides with a
   // contiguous last dim. counts[b] <= S_new appends only the first counts[b]
   // tokens of row b (sequences may grow by different amounts); an empty span
   // appends all S_new to each. All or nothing.
@@ -66,8 +70,8 @@ class KVCache {
   void reset(std::int64_t seq);
 
   // The storage, in the form attend::Inputs takes for spec.kv_page_size = page_size().
-  const Tensor& k_pages() const { return k_; }   // (num_pages, page_size, heads_kv, head_dim_qk) f32
-  const Tensor& v_pages() const { return v_; }   // (num_pages, page_size, heads_kv, head_dim_v) f32
+  const Tensor& k_pages() const { return k_; }   // (num_pages, page_size, heads_kv, head_dim_qk), dtype
+  const Tensor& v_pages() const { return v_; }   // (num_pages, page_size, heads_kv, head_dim_v), dtype
   const Tensor& block_table() const { return table_; }  // (B, pages_per_sequence) i32; -1: no page yet
   const Tensor& seqlens() const { return seqlens_; }    // (B) i32: length(b)
   const Tensor& leftpads() const { return leftpads_; }  // (B) i32: leftpad(b)
@@ -75,7 +79,8 @@ class KVCache {
  private:
   void check_seq(std::int64_t seq, const char* field) const;
   // Copies tokens [0, n) of one sequence's new K/V rows, allocating pages.
-  void write_tokens(std::int64_t seq, const float* k, std::int64_t ks, std::int64_t kh, const float* v,
+  // Strides in elements of the cache's dtype.
+  void write_tokens(std::int64_t seq, const std::byte* k, std::int64_t ks, std::int64_t kh, const std::byte* v,
                     std::int64_t vs, std::int64_t vh, std::int64_t n);
 
   KVCacheConfig config_;
@@ -86,10 +91,10 @@ class KVCache {
 };
 
 // Attention of new queries q over the cache, Mode::inference. q is
-// (B, Sq, H, head_dim_qk) in spec.layout (bshd, bhsd or sbhd), Sq >= 1, with
-// B = cache.batch() and H a multiple of heads_kv. From `spec` only the logit and
-// mask fields are used (scale, causal, window, softcap, alibi, dropout, need_lse);
-// sizes come from q and the cache. Masks are bottom-right aligned to each
+// (B, Sq, H, head_dim_qk) in spec.layout (bshd, bhsd or sbhd) and the cache's
+// dtype, Sq >= 1, with B = cache.batch() and H a multiple of heads_kv. From
+// `spec` only the logit and mask fields are used (scale, causal, window,
+// softcap, alibi, dropout, need_lse); sizes and dtype come from q and the cache. Masks are bottom-right aligned to each
 // sequence's own key count (length - leftpad): with causal, query i of a
 // sequence with L keys sees keys [0, L - Sq + i]. ALiBi needs `alibi_slopes`
 // ((H) or (B, H) f32). Throws attend::Error(invalid_argument) for Mode::training

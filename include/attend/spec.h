@@ -45,7 +45,12 @@ struct AttentionSpec {
   std::int64_t total_kv = 0;
 
   // --- data --------------------------------------------------------------------
-  DType dtype = DType::f32;     // of q, k, v, out, bias and all gradients
+  DType dtype = DType::f32;     // of q, k, v, out, bias and all gradients (but see dq_dtype)
+  // dtype of dq; unset: dtype. bf16/f16 problems may ask for f32: dq is then the
+  // backward kernel's f32 accumulator written out unrounded (FlashAttention's
+  // dq_accum), e.g. to sum gradients over micro-batches without half-precision
+  // rounding. Any other choice is an attend::Error from validate().
+  std::optional<DType> dq_dtype;
   Layout layout = Layout::bshd; // of q, k, v, out, dout, dq, dk, dv; thd <=> varlen
 
   // --- logits ------------------------------------------------------------------
@@ -85,11 +90,12 @@ struct AttentionSpec {
   std::int64_t effective_window_right() const { return causal ? 0 : window_right; }
   bool is_masked() const { return causal || window_left >= 0 || window_right >= 0; }
   std::int64_t group_size() const { return heads_q / heads_kv; }
+  DType effective_dq_dtype() const { return dq_dtype.value_or(dtype); }
 };
 
 // Checks every field of the spec on its own (no tensors): positive sizes, GQA
 // divisibility, finite scale/softcap, window >= -1, dropout in [0,1), layout vs
-// varlen, and that every tensor the spec implies has a byte size that fits in
+// varlen, dq_dtype, and that every tensor the spec implies has a byte size that fits in
 // size_t. Throws attend::Error naming the first bad field.
 void validate(const AttentionSpec& spec);
 

@@ -1,5 +1,6 @@
 #include "attend/attention.h"
 
+#include <span>
 #include <string>
 
 #include "attend/error.h"
@@ -62,7 +63,8 @@ Gradients backward(const Context& ctx, const TensorView& dout) {
   }
   const AttentionSpec& s = ctx.spec_;
   Gradients g;
-  g.dq = Tensor::zeros_like(ctx.inputs_.q);
+  const TensorView& q = ctx.inputs_.q;
+  g.dq = Tensor::zeros(s.effective_dq_dtype(), std::span<const std::int64_t>(q.shape.data(), static_cast<std::size_t>(q.ndim)));
   g.dk = Tensor::zeros_like(ctx.inputs_.k);
   g.dv = Tensor::zeros_like(ctx.inputs_.v);
   if (s.bias_requires_grad) g.dbias = Tensor::zeros_like(ctx.inputs_.bias);

@@ -2,6 +2,7 @@
 #include "attend/kvcache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -58,6 +59,7 @@ KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
   if ((c.page_size & (c.page_size - 1)) != 0) {
     invalid("KVCacheConfig.page_size", std::to_string(c.page_size), "must be a power of two");
   }
+  if (c.dtype == DType::i32) invalid("KVCacheConfig.dtype", "i32", "K/V pages must be floating point (f32, bf16, f16, f64)");
   if (c.num_pages < 0) invalid("KVCacheConfig.num_pages", std::to_string(c.num_pages), "must be >= 0 (0: enough for every sequence)");
   pages_per_seq_ = detail::ceil_div(c.max_seqlen, c.page_size);
   if (config_.num_pages == 0) config_.num_pages = detail::checked_mul(c.batch, pages_per_seq_, "KVCacheConfig.num_pages");
@@ -67,8 +69,8 @@ KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
             std::to_string(kMaxId));
   }
   const std::int64_t np = config_.num_pages;
-  k_ = Tensor::zeros(DType::f32, {np, c.page_size, c.heads_kv, c.head_dim_qk});
-  v_ = Tensor::zeros(DType::f32, {np, c.page_size, c.heads_kv, c.head_dim_v});
+  k_ = Tensor::zeros(c.dtype, {np, c.page_size, c.heads_kv, c.head_dim_qk});
+  v_ = Tensor::zeros(c.dtype, {np, c.page_size, c.heads_kv, c.head_dim_v});
   table_ = Tensor::zeros(DType::i32, {c.batch, pages_per_seq_});
   std::fill_n(table_.as<std::int32_t>(), table_.numel(), -1);
   seqlens_ = Tensor::zeros(DType::i32, {c.batch});
@@ -100,13 +102,15 @@ bool KVCache::has_leftpad() const {
   return std::any_of(lp, lp + config_.batch, [](std::int32_t x) { return x > 0; });
 }
 
-void KVCache::write_tokens(std::int64_t seq, const float* k, std::int64_t ks, std::int64_t kh, const float* v,
+void KVCache::write_tokens(std::int64_t seq, const std::byte* k, std::int64_t ks, std::int64_t kh, const std::byte* v,
                            std::int64_t vs, std::int64_t vh, std::int64_t n) {
   const KVCacheConfig& c = config_;
   auto& pages = pages_[static_cast<std::size_t>(seq)];
   std::int32_t& len = seqlens_.as<std::int32_t>()[seq];
-  // Pool strides of the contiguous page tensors.
+  // Pool strides of the contiguous page tensors; everything below in bytes.
+  const auto esz = static_cast<std::int64_t>(size_of(c.dtype));
   const std::int64_t krow = c.heads_kv * c.head_dim_qk, vrow = c.heads_kv * c.head_dim_v;
+  const auto kbytes = static_cast<std::size_t>(c.head_dim_qk * esz), vbytes = static_cast<std::size_t>(c.head_dim_v * esz);
   for (std::int64_t t = 0; t < n; ++t, ++len) {
     const std::int64_t slot = len / c.page_size;
     if (slot == static_cast<std::int64_t>(pages.size())) {
@@ -115,11 +119,11 @@ void KVCache::write_tokens(std::int64_t seq, const float* k, std::int64_t ks, st
       table_.as<std::int32_t>()[seq * pages_per_seq_ + slot] = pages.back();
     }
     const std::int64_t row = pages[static_cast<std::size_t>(slot)] * c.page_size + len % c.page_size;
-    float* kd = k_.as<float>() + row * krow;
-    float* vd = v_.as<float>() + row * vrow;
+    std::byte* kd = static_cast<std::byte*>(k_.data()) + row * krow * esz;
+    std::byte* vd = static_cast<std::byte*>(v_.data()) + row * vrow * esz;
     for (std::int64_t h = 0; h < c.heads_kv; ++h) {
-      std::copy_n(k + t * ks + h * kh, c.head_dim_qk, kd + h * c.head_dim_qk);
-      std::copy_n(v + t * vs + h * vh, c.head_dim_v, vd + h * c.head_dim_v);
+      std::memcpy(kd + h * c.head_dim_qk * esz, k + (t * ks + h * kh) * esz, kbytes);
+      std::memcpy(vd + h * c.head_dim_v * esz, v + (t * vs + h * vh) * esz, vbytes);
     }
   }
 }
@@ -127,8 +131,8 @@ void KVCache::write_tokens(std::int64_t seq, const float* k, std::int64_t ks, st
 void KVCache::append(const TensorView& k, const TensorView& v, std::span<const std::int64_t> counts) {
   const KVCacheConfig& c = config_;
   const std::int64_t s_new = k.ndim == 4 ? k.shape[1] : 0;
-  check_tensor("k", k, DType::f32, {c.batch, s_new, c.heads_kv, c.head_dim_qk});
-  check_tensor("v", v, DType::f32, {c.batch, s_new, c.heads_kv, c.head_dim_v});
+  check_tensor("k", k, c.dtype, {c.batch, s_new, c.heads_kv, c.head_dim_qk});
+  check_tensor("v", v, c.dtype, {c.batch, s_new, c.heads_kv, c.head_dim_v});
   if (!counts.empty() && static_cast<std::int64_t>(counts.size()) != c.batch) {
     invalid("counts", std::to_string(counts.size()) + " entries", "needs one count per sequence", std::to_string(c.batch));
   }
@@ -153,8 +157,9 @@ void KVCache::append(const TensorView& k, const TensorView& v, std::span<const s
   }
   for (std::int64_t b = 0; b < c.batch; ++b) {
     const std::int64_t n = counts.empty() ? s_new : counts[static_cast<std::size_t>(b)];
-    write_tokens(b, k.as<const float>() + b * k.strides[0], k.strides[1], k.strides[2],
-                 v.as<const float>() + b * v.strides[0], v.strides[1], v.strides[2], n);
+    const auto esz = static_cast<std::int64_t>(size_of(c.dtype));
+    write_tokens(b, static_cast<const std::byte*>(k.data) + b * k.strides[0] * esz, k.strides[1], k.strides[2],
+                 static_cast<const std::byte*>(v.data) + b * v.strides[0] * esz, v.strides[1], v.strides[2], n);
   }
 }
 
@@ -162,8 +167,8 @@ void KVCache::append(std::int64_t seq, const TensorView& k, const TensorView& v)
   check_seq(seq, "seq");
   const KVCacheConfig& c = config_;
   const std::int64_t n = k.ndim == 3 ? k.shape[0] : 0;
-  check_tensor("k", k, DType::f32, {n, c.heads_kv, c.head_dim_qk});
-  check_tensor("v", v, DType::f32, {n, c.heads_kv, c.head_dim_v});
+  check_tensor("k", k, c.dtype, {n, c.heads_kv, c.head_dim_qk});
+  check_tensor("v", v, c.dtype, {n, c.heads_kv, c.head_dim_v});
   const std::int64_t len = seqlens_.as<std::int32_t>()[seq];
   if (len + n > capacity()) {
     invalid("k.shape[0]", std::to_string(n),
@@ -176,7 +181,8 @@ void KVCache::append(std::int64_t seq, const TensorView& k, const TensorView& v)
     invalid("k.shape[0]", std::to_string(n), "append needs " + std::to_string(need) + " new pages, the pool has " +
                                                  std::to_string(free_pages()) + " free", std::to_string(free_pages()));
   }
-  write_tokens(seq, k.as<const float>(), k.strides[0], k.strides[1], v.as<const float>(), v.strides[0], v.strides[1], n);
+  write_tokens(seq, static_cast<const std::byte*>(k.data), k.strides[0], k.strides[1],
+               static_cast<const std::byte*>(v.data), v.strides[0], v.strides[1], n);
 }
 
 void KVCache::set_leftpad(std::int64_t seq, std::int64_t tokens) {
@@ -222,6 +228,8 @@ KVCacheProblem kvcache_problem(const TensorView& q, const KVCache& cache, const 
   }
   if (s.seqlen_q < 1) invalid("q.shape", q.shape_string(), "needs at least one query per sequence");
   s.batch = c.batch;
+  s.dtype = c.dtype;  // q must match it: validate_inputs names q.dtype otherwise
+  s.dq_dtype.reset();
   s.heads_kv = c.heads_kv;
   s.head_dim_qk = c.head_dim_qk;
   s.head_dim_v = c.head_dim_v;

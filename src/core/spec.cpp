@@ -59,6 +59,13 @@ void validate(const AttentionSpec& s) {
             "heads_q=" + std::to_string(s.heads_q) + " is not a multiple of heads_kv");
   }
   if (s.dtype == DType::i32) invalid("dtype", "i32", "attention tensors must be floating point");
+  if (s.dq_dtype && *s.dq_dtype != s.dtype) {
+    const bool half = s.dtype == DType::bf16 || s.dtype == DType::f16;
+    if (!(half && *s.dq_dtype == DType::f32)) {
+      invalid("dq_dtype", std::string(to_string(*s.dq_dtype)),
+              "must equal dtype=" + std::string(to_string(s.dtype)) + ", or be f32 when dtype is bf16 or f16");
+    }
+  }
   if (s.varlen()) {
     require_at_least(s.total_q, 0, "total_q");
     require_at_least(s.total_kv, 0, "total_kv");
@@ -109,7 +116,7 @@ std::string signature(const AttentionSpec& s) {
      << (s.scale ? num(*s.scale) : "-") << ',' << num(s.softcap) << ',' << s.alibi << s.has_bias
      << s.bias_requires_grad << s.causal << ',' << s.window_left << ',' << s.window_right << ','
      << num(s.dropout_p) << ',' << s.need_lse << s.deterministic << ',' << s.kv_page_size
-     << s.kv_leftpad;
+     << s.kv_leftpad << ',' << to_string(s.effective_dq_dtype());
   // The dropout seed changes data, never capability: it is not part of the key.
   return os.str();
 }
@@ -130,6 +137,7 @@ std::string describe(const AttentionSpec& s) {
   if (s.has_bias) os << (s.bias_requires_grad ? " bias(grad)" : " bias");
   if (s.dropout_p > 0) os << " dropout=" << num(s.dropout_p);
   if (s.deterministic) os << " deterministic";
+  if (s.effective_dq_dtype() != s.dtype) os << " dq=" << to_string(s.effective_dq_dtype());
   if (s.paged()) os << " paged(" << s.kv_page_size << (s.kv_leftpad ? ",leftpad)" : ")");
   return os.str();
 }

@@ -220,7 +220,7 @@ void validate_backward(const BackwardArgs& a) {
   check_view("out", a.out, s.dtype, out_shape);
   check_view("lse", a.lse, lse_dtype(s), lse_shape(s));
   check_view("dout", a.dout, s.dtype, out_shape);
-  check_view("dq", a.dq, s.dtype, token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk));
+  check_view("dq", a.dq, s.effective_dq_dtype(), token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk));
   if (s.paged()) {  // gradients of page pools have the pools' shapes
     check_view("dk", a.dk, s.dtype, Dims(a.in.k.shape.begin(), a.in.k.shape.begin() + a.in.k.ndim));
     check_view("dv", a.dv, s.dtype, Dims(a.in.v.shape.begin(), a.in.v.shape.begin() + a.in.v.ndim));

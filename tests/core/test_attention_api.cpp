@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "attend/attend.h"
+#include "support/half_baseline.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -79,6 +80,32 @@ TEST_F(AttentionApi, DenseEmptyKeysGiveZeroOutput) {
   for (std::int64_t i = 0; i < r.lse.numel(); ++i) EXPECT_EQ(r.lse.as<float>()[i], -INFINITY);
   const Gradients g = backward(r.ctx, p.dout);
   for (std::int64_t i = 0; i < g.dq.numel(); ++i) EXPECT_EQ(g.dq.as<float>()[i], 0.0f);
+}
+
+TEST_F(AttentionApi, BackwardAllocatesDqInTheRequestedDtype) {
+  AttentionSpec s;
+  s.seqlen_q = 33;
+  s.seqlen_kv = 47;
+  s.heads_q = 4;
+  s.heads_kv = 2;
+  s.head_dim_qk = 16;
+  s.head_dim_v = 8;
+  s.causal = true;
+  const testing::Problem p = testing::problem_as(make_problem(s, 3), DType::bf16);
+  AttentionSpec wide = p.spec;
+  wide.dq_dtype = DType::f32;
+  const ForwardResult f = forward(p.inputs, wide, Mode::training);
+  EXPECT_NE(describe(f.ctx.spec()).find("dq=f32"), std::string::npos) << describe(f.ctx.spec());
+  const Gradients g = backward(f.ctx, p.dout);
+  EXPECT_EQ(g.dq.view().dtype, DType::f32);
+  EXPECT_EQ(g.dq.view().shape_string(), p.q.view().shape_string());
+  EXPECT_EQ(g.dk.view().dtype, DType::bf16);
+  EXPECT_EQ(g.dv.view().dtype, DType::bf16);
+  // The same numbers the default run rounds (both runs on the same backend).
+  const ForwardResult f_def = forward(p.inputs, p.spec, Mode::training);
+  ASSERT_EQ(f_def.ctx.backend().name(), f.ctx.backend().name());
+  const Gradients g_def = backward(f_def.ctx, p.dout);
+  EXPECT_TRUE(testing::bitwise_equal(testing::convert(g.dq, DType::bf16), g_def.dq));
 }
 
 TEST_F(AttentionApi, InferenceContextRefusesBackward) {

@@ -11,16 +11,11 @@
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
+#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
 namespace {
-
-#define SKIP_IF_FORCED_ISA_UNAVAILABLE()                                              \
-  do {                                                                                \
-    const char* isa = std::getenv("ATTEND_ISA");                                      \
-    if (isa && *isa && !flash_isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa; \
-  } while (0)
 
 KVCacheConfig config(std::int64_t batch, std::int64_t page, std::int64_t max_seqlen) {
   KVCacheConfig c;
@@ -33,10 +28,11 @@ KVCacheConfig config(std::int64_t batch, std::int64_t page, std::int64_t max_seq
   return c;
 }
 
-Tensor random(std::initializer_list<std::int64_t> shape, std::uint64_t seed) {
+// N(0,1) values rounded to `dtype`.
+Tensor random(std::initializer_list<std::int64_t> shape, std::uint64_t seed, DType dtype = DType::f32) {
   Tensor t = Tensor::zeros(DType::f32, shape);
   testing::fill_normal(t, seed);
-  return t;
+  return dtype == DType::f32 ? t : testing::convert(t, dtype);
 }
 
 // The cache's contents as plain per-sequence vectors (what a test appended).
@@ -47,18 +43,16 @@ struct Shadow {
 void append_all(KVCache& cache, Shadow& sh, std::int64_t s_new, const std::vector<std::int64_t>& counts,
                 std::uint64_t seed) {
   const KVCacheConfig& c = cache.config();
-  const Tensor k = random({c.batch, s_new, c.heads_kv, c.head_dim_qk}, seed);
-  const Tensor v = random({c.batch, s_new, c.heads_kv, c.head_dim_v}, seed + 1);
+  const Tensor k = random({c.batch, s_new, c.heads_kv, c.head_dim_qk}, seed, c.dtype);
+  const Tensor v = random({c.batch, s_new, c.heads_kv, c.head_dim_v}, seed + 1, c.dtype);
   cache.append(k, v, counts);
   sh.k.resize(static_cast<std::size_t>(c.batch));
   sh.v.resize(static_cast<std::size_t>(c.batch));
   for (std::int64_t b = 0; b < c.batch; ++b) {
     const std::int64_t n = counts.empty() ? s_new : counts[static_cast<std::size_t>(b)];
     const std::int64_t kr = c.heads_kv * c.head_dim_qk, vr = c.heads_kv * c.head_dim_v;
-    const float* kb = k.as<float>() + b * s_new * kr;
-    const float* vb = v.as<float>() + b * s_new * vr;
-    sh.k[b].insert(sh.k[b].end(), kb, kb + n * kr);
-    sh.v[b].insert(sh.v[b].end(), vb, vb + n * vr);
+    for (std::int64_t i = 0; i < n * kr; ++i) sh.k[b].push_back(static_cast<float>(testing::element(k, b * s_new * kr + i)));
+    for (std::int64_t i = 0; i < n * vr; ++i) sh.v[b].push_back(static_cast<float>(testing::element(v, b * s_new * vr + i)));
   }
 }
 
@@ -76,7 +70,7 @@ testing::PassResults gathered_reference(const KVCache& cache, const Shadow& sh, 
   s.head_dim_qk = c.head_dim_qk;
   s.head_dim_v = c.head_dim_v;
   testing::Problem p = testing::make_problem(s, 1, lq, lk);
-  std::copy_n(q.as<float>(), q.numel(), p.q.as<float>());  // bshd with equal Sq == thd
+  for (std::int64_t i = 0; i < q.numel(); ++i) p.q.as<float>()[i] = static_cast<float>(testing::element(q, i));  // bshd with equal Sq == thd
   std::int64_t row = 0;
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t kr = c.heads_kv * c.head_dim_qk, vr = c.heads_kv * c.head_dim_v, lp = cache.leftpad(b);
@@ -92,12 +86,15 @@ testing::PassResults gathered_reference(const KVCache& cache, const Shadow& sh, 
   return testing::run_backend(*make_reference_backend(), testing::problem_as_f64(p), false);
 }
 
+// out_tol: absolute, for outputs of magnitude <~ 1 (2e-5 suits f32 results).
 void expect_close_to_gathered(const ForwardResult& r, const testing::PassResults& ref, std::int64_t B, std::int64_t H,
-                              std::int64_t sq) {
+                              std::int64_t sq, double out_tol = 2e-5) {
   // out: bshd (B,Sq,H,Dv) and thd (B*Sq,H,Dv) share one element order.
   double err = 0;
-  for (std::int64_t i = 0; i < r.out.numel(); ++i) err = std::max(err, std::abs(r.out.as<float>()[i] - ref.out.as<double>()[i]));
-  EXPECT_LT(err, 2e-5);
+  for (std::int64_t i = 0; i < r.out.numel(); ++i) {
+    err = std::max(err, std::abs(testing::element(r.out, i) - ref.out.as<double>()[i]));
+  }
+  EXPECT_LT(err, out_tol);
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t h = 0; h < H; ++h) {
       for (std::int64_t i = 0; i < sq; ++i) {
@@ -276,6 +273,68 @@ INSTANTIATE_TEST_SUITE_P(
                       CacheCase{16, 3, 8, true, true, 100, 0, "decode"}, CacheCase{4, 2, 4, true, false, -1, 8.0, "decode"},
                       // prefill: a query block too long for decode runs on flash, from the same pages
                       CacheCase{64, 40, 4, true, false, -1, 0, "flash"}, CacheCase{8, 33, 2, true, true, 64, 0, "flash"}));
+
+// bf16/f16 caches: pages in the cache's dtype, read by decode (single queries)
+// and by flash (prefill) against the f64 reference on the same rounded values.
+struct HalfCacheCase {
+  DType dtype;
+  std::int64_t page, sq;
+  const char* backend;
+};
+
+class KVCacheHalf : public KVCacheTest, public ::testing::WithParamInterface<HalfCacheCase> {};
+
+TEST_P(KVCacheHalf, MatchesReferenceOnTheSameRoundedValues) {
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
+  const HalfCacheCase& hc = GetParam();
+  KVCacheConfig c = config(2, hc.page, 400);
+  c.dtype = hc.dtype;
+  KVCache cache(c);
+  EXPECT_EQ(cache.k_pages().view().dtype, hc.dtype);
+  Shadow sh;
+  append_all(cache, sh, 150, {150, 61}, 11);
+  append_all(cache, sh, 200, {3, 200}, 12);
+  append_all(cache, sh, hc.sq, {}, 13);
+  cache.set_leftpad(0, 7);
+  AttentionSpec s;
+  s.causal = true;
+  const Tensor q = random({2, hc.sq, 4, 24}, 14, hc.dtype);
+  const ForwardResult r = forward_with_kvcache(q, cache, s);
+  EXPECT_EQ(r.ctx.backend().name(), hc.backend);
+  EXPECT_EQ(r.out.view().dtype, hc.dtype);
+  // Rounding the output to the dtype (and, for flash's bf16 AMX GEMMs, P to bf16).
+  const double tol = hc.dtype == DType::bf16 ? 1.5e-2 : 4e-3;
+  expect_close_to_gathered(r, gathered_reference(cache, sh, q, s, Tensor{}), 2, 4, hc.sq, tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, KVCacheHalf,
+                         ::testing::Values(HalfCacheCase{DType::bf16, 16, 1, "decode"}, HalfCacheCase{DType::f16, 64, 4, "decode"},
+                                           HalfCacheCase{DType::bf16, 8, 40, "flash"}, HalfCacheCase{DType::f16, 32, 33, "flash"}));
+
+TEST_F(KVCacheTest, HalfCacheTakesOnlyItsOwnDtype) {
+  KVCacheConfig c = config(2, 16, 64);
+  c.dtype = DType::bf16;
+  KVCache cache(c);
+  const Tensor k32 = random({2, 3, 2, 24}, 1), v32 = random({2, 3, 2, 40}, 2);
+  try {
+    cache.append(k32, v32);
+    FAIL() << "an f32 append into a bf16 cache must be an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "k.dtype");
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(cache.length(0), 0);
+  cache.append(testing::convert(k32, DType::bf16), testing::convert(v32, DType::bf16));
+  EXPECT_EQ(cache.length(1), 3);
+  try {
+    (void)forward_with_kvcache(random({2, 1, 4, 24}, 3), cache, AttentionSpec{});
+    FAIL() << "f32 queries over a bf16 cache must be an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "q.dtype");
+  }
+  c.dtype = DType::i32;
+  EXPECT_THROW(KVCache{c}, Error);
+}
 
 }  // namespace
 }  // namespace attend

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "attend/attend.h"
+#include "support/half_baseline.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -141,6 +142,45 @@ TEST(SpecValidation, Int32IsNotAnAttentionDtype) {
   auto s = small_spec();
   s.dtype = DType::i32;
   expect_spec_error(s, "dtype");
+}
+
+TEST(SpecValidation, DqDtypeIsTheInputDtypeOrF32ForHalfInputs) {
+  auto s = small_spec();
+  s.dq_dtype = DType::f32;  // the dtype itself
+  EXPECT_NO_THROW(validate(s));
+  for (DType dt : {DType::bf16, DType::f16}) {
+    s.dtype = dt;
+    s.dq_dtype = DType::f32;
+    EXPECT_NO_THROW(validate(s));
+    EXPECT_NE(signature(s), [&] { auto t = s; t.dq_dtype.reset(); return signature(t); }());
+    s.dq_dtype = DType::f64;
+    expect_spec_error(s, "dq_dtype");
+  }
+  s.dtype = DType::bf16;
+  s.dq_dtype = DType::f16;
+  expect_spec_error(s, "dq_dtype");
+  s.dtype = DType::f64;
+  s.dq_dtype = DType::f32;  // f64 problems keep f64 gradients
+  expect_spec_error(s, "dq_dtype");
+  s.dq_dtype = DType::i32;
+  expect_spec_error(s, "dq_dtype");
+}
+
+TEST(InputValidation, DqTensorMustHaveTheDqDtype) {
+  auto s = small_spec();
+  s.dtype = DType::bf16;
+  const auto p = testing::problem_as(make_problem(small_spec(), 1), DType::bf16);
+  Tensor out = Tensor::zeros(DType::bf16, {2, 5, 4, 6});
+  Tensor lse = Tensor::zeros(DType::f32, {2, 4, 5});
+  Tensor dk = Tensor::zeros_like(p.k), dv = Tensor::zeros_like(p.v);
+  Tensor dq_half = Tensor::zeros_like(p.q), dq_f32 = Tensor::zeros(DType::f32, {2, 5, 4, 8});
+  EXPECT_NO_THROW(validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_half, dk, dv, {}}));
+  expect_error([&] { validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_f32, dk, dv, {}}); },
+               ErrorCode::invalid_argument, "dq.dtype");
+  s.dq_dtype = DType::f32;
+  EXPECT_NO_THROW(validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_f32, dk, dv, {}}));
+  expect_error([&] { validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_half, dk, dv, {}}); },
+               ErrorCode::invalid_argument, "dq.dtype");
 }
 
 TEST(InputValidation, MatchingTensorsPass) {

@@ -114,4 +114,25 @@ inline void expect_half_results(const PassResults& got, const HalfBaseline& b, D
   expect_half_within("dv", got.dv, b.naive.dv, b.ref.dv, 3, dtype, largest);
 }
 
+// spec.dq_dtype = f32 on a bf16/f16 problem: dq comes back in f32, is the
+// unrounded sum whose rounding is bit for bit the default run's dq (dk, dv and
+// the forward unchanged), and carries bits the input dtype cannot hold. (Its
+// distance to the f64 reference is not always smaller: the backward reads the
+// rounded output O, whose error dominates dQ's at these sizes.)
+inline void expect_f32_dq_is_the_unrounded_default(const Backend& backend, const Problem& half) {
+  const DType dt = half.spec.dtype;
+  const PassResults def = run_backend(backend, half, true);
+  Problem wide_dq = half;
+  wide_dq.spec.dq_dtype = DType::f32;
+  const PassResults got = run_backend(backend, wide_dq, true);
+  ASSERT_EQ(got.dq.view().dtype, DType::f32);
+  EXPECT_EQ(got.dk.view().dtype, dt);
+  EXPECT_TRUE(bitwise_equal(got.out, def.out));
+  EXPECT_TRUE(bitwise_equal(convert(got.dq, dt), def.dq)) << to_string(dt);
+  EXPECT_TRUE(bitwise_equal(got.dk, def.dk));
+  EXPECT_TRUE(bitwise_equal(got.dv, def.dv));
+  if (got.dq.numel() == 0) return;
+  EXPECT_FALSE(bitwise_equal(convert(convert(got.dq, dt), DType::f32), got.dq)) << "dq holds no more than " << to_string(dt);
+}
+
 }  // namespace attend::testing

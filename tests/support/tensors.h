@@ -181,7 +181,9 @@ inline PassResults run_backend(const Backend& backend, const Problem& p, bool wi
   r.lse = s.varlen() ? Tensor::zeros(lse_t, {s.heads_q, s.total_q}) : Tensor::zeros(lse_t, {s.batch, s.heads_q, s.seqlen_q});
   backend.forward(ForwardArgs{s, p.inputs, r.out, r.lse});
   if (with_backward) {
-    r.dq = Tensor::zeros_like(p.q);
+    TensorView dq = p.q.view();
+    dq.dtype = s.effective_dq_dtype();
+    r.dq = Tensor::zeros_like(dq);
     r.dk = Tensor::zeros_like(p.k);
     r.dv = Tensor::zeros_like(p.v);
     if (s.bias_requires_grad) r.dbias = Tensor::zeros_like(p.bias);

@@ -18,7 +18,7 @@ const KernelTable& kernels_for(std::string_view isa) {
 #endif
   if (isa != "scalar" && isa != "avx2" && isa != "avx512" && isa != "avx512bf16" && isa != "avx512amx") {
     throw Error(ErrorCode::invalid_argument, "ATTEND_ISA", std::string(isa),
-                "expected avx512bf16, avx512, avx2 or scalar");
+                "expected avx512amx, avx512bf16, avx512, avx2 or scalar");
   }
   // One CPU-feature rule for every backend: flash's.
   if (!flash::cpu_supports(isa)) {

@@ -124,9 +124,9 @@ void backward_head_amx(const FlashParams& p, std::int64_t b, std::int64_t hk, fl
   float* dq_tile = th + BM * BN;                            // BM x dqp
   float* dsum = dq_tile + BM * dqp;                         // BM
   float* lse = dsum + BM;                                   // BM
-  // ... the f32 dQ sum of the group, then the packed bf16 operands.
-  float* const dq_accum = scratch + backward_scratch_floats<S>(dqk, dv);
-  auto* kb = reinterpret_cast<std::uint32_t*>(dq_accum + p.group * p.spec->seqlen_q * dqk);
+  // ... the f32 dQ sum of the group (none when dq is f32), then the packed bf16 operands.
+  auto* kb = reinterpret_cast<std::uint32_t*>(scratch + backward_scratch_floats<S>(dqk, dv) +
+                                              (p.dq_f32 ? 0 : p.group * p.spec->seqlen_q * dqk));
   std::uint32_t* vb = kb + BN * kq;
   std::uint32_t* kt2 = vb + BN * kv;
   std::uint32_t* vt2 = kt2 + kq * BN;
@@ -139,7 +139,9 @@ void backward_head_amx(const FlashParams& p, std::int64_t b, std::int64_t hk, fl
   std::uint32_t* dsT2 = pT2 + BN * (BM / 2);
   std::uint32_t* dsb = dsT2 + BN * (BM / 2);
 
-  const auto dq_row = [&](std::int64_t g, std::int64_t i) { return dq_accum + (g * span.q_len + i) * dqk; };
+  const auto dq_row = [&](std::int64_t g, std::int64_t i) {
+    return dq_accum_row<S>(p, b, hk, span, scratch, g, i);
+  };
   for (std::int64_t g = 0; g < p.group; ++g) {
     for (std::int64_t i = 0; i < span.q_len; ++i) std::fill(dq_row(g, i), dq_row(g, i) + dqk, 0.0f);
   }
@@ -239,11 +241,7 @@ void backward_head_amx(const FlashParams& p, std::int64_t b, std::int64_t hk, fl
     }
   }
 
-  for (std::int64_t g = 0; g < p.group; ++g) {
-    for (std::int64_t i = 0; i < span.q_len; ++i) {
-      detail::store_row<S>(p.dq_as<bf16_t>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g), dq_row(g, i), dqk);
-    }
-  }
+  store_dq_accum<S, bf16_t>(p, b, hk, span, scratch);
   _tile_release();
 }
 

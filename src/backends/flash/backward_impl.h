@@ -12,11 +12,11 @@
 //
 // E is the element type of q/k/v/out/dout and the gradients (float, bf16_t,
 // f16_t): rows are widened to f32 as they are packed, dK/dV rounded to E once
-// when stored. dQ accumulates across key blocks, so for E != float it is summed
-// in an f32 buffer of the task's whole GQA group (group * seqlen_q * dqk floats
-// after the tiles, see flash_backend.cpp) and rounded once at the end — rounding
-// it per key block would add one half-precision rounding per block. For f32 it
-// is accumulated in place in dq, as before.
+// when stored. dQ accumulates across key blocks: into dq itself when dq is f32
+// (f32 problems, or spec.dq_dtype = f32), otherwise into an f32 buffer of the
+// task's whole GQA group (group * seqlen_q * dqk floats after the tiles, see
+// flash_backend.cpp) rounded to E once at the end — rounding per key block
+// would add one half-precision rounding per block.
 // Included inside an ISA namespace.
 #pragma once
 
@@ -46,6 +46,30 @@ inline void padded_rows(const E* src, std::int64_t ld, std::int64_t rows, std::i
   }
 }
 
+// Where dQ row i of group head g of task (b, hk) accumulates: in dq itself
+// when it is f32, else in the task's f32 sum right after the ISA's tiles.
+template <class S>
+float* dq_accum_row(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
+                    float* scratch, std::int64_t g, std::int64_t i) {
+  if (p.dq_f32) return p.dq_as<float>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g);
+  return scratch + backward_scratch_floats<S>(p.dqk, p.dv) + (g * span.q_len + i) * p.dqk;
+}
+
+// Rounds the f32 dQ sum of task (b, hk) into dq (nothing to do when dq is f32).
+template <class S, class E>
+void store_dq_accum(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
+                    float* scratch) {
+  if constexpr (!std::is_same_v<E, float>) {
+    if (p.dq_f32) return;
+    for (std::int64_t g = 0; g < p.group; ++g) {
+      for (std::int64_t i = 0; i < span.q_len; ++i) {
+        detail::store_row<S>(p.dq_as<E>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g),
+                             dq_accum_row<S>(p, b, hk, span, scratch, g, i), p.dqk);
+      }
+    }
+  }
+}
+
 template <class S, class E>
 void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float* scratch) {
   using Tr = KernelTraits<S>;
@@ -70,14 +94,8 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
   float* dsum = dq_tile + BM * dqp;    // BM         D_i = dO_i . O_i
   float* lse = dsum + BM;              // BM
 
-  // dQ of row i of group head g: in place (f32), or in the f32 accumulator.
-  constexpr bool kDqInPlace = std::is_same_v<E, float>;
-  const auto dq_row = [&](std::int64_t g, std::int64_t i) -> float* {
-    if constexpr (kDqInPlace) {
-      return p.dq_as<float>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g);
-    } else {
-      return scratch + backward_scratch_floats<S>(dqk, dv) + (g * span.q_len + i) * dqk;
-    }
+  const auto dq_row = [&](std::int64_t g, std::int64_t i) {
+    return dq_accum_row<S>(p, b, hk, span, scratch, g, i);
   };
   for (std::int64_t g = 0; g < p.group; ++g) {  // this task owns these dQ rows
     for (std::int64_t i = 0; i < span.q_len; ++i) std::fill(dq_row(g, i), dq_row(g, i) + dqk, 0.0f);
@@ -158,13 +176,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
     }
   }
 
-  if constexpr (!kDqInPlace) {
-    for (std::int64_t g = 0; g < p.group; ++g) {
-      for (std::int64_t i = 0; i < span.q_len; ++i) {
-        detail::store_row<S>(p.dq_as<E>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g), dq_row(g, i), dqk);
-      }
-    }
-  }
+  store_dq_accum<S, E>(p, b, hk, span, scratch);
 }
 
 }  // namespace attend::flash::ATTEND_FLASH_ISA

@@ -17,13 +17,14 @@
 namespace attend {
 namespace {
 
-// bf16/f16 backward: dQ of a task's GQA group is summed in f32 across key
-// blocks and rounded once (backward_impl.h), in per-thread scratch after the
-// tiles: group * seqlen_q * head_dim_qk floats (seqlen_q is the varlen maximum),
-// e.g. 2 MiB per thread at seqlen 4096, head dim 128, no GQA. f32 accumulates
-// in place in dq and needs none.
+// bf16/f16 backward with a bf16/f16 dq: dQ of a task's GQA group is summed in
+// f32 across key blocks and rounded once (backward_impl.h), in per-thread
+// scratch after the tiles: group * seqlen_q * head_dim_qk floats (seqlen_q is
+// the varlen maximum), e.g. 2 MiB per thread at seqlen 4096, head dim 128, no
+// GQA. An f32 dq (f32 problems, or spec.dq_dtype = f32) is accumulated in
+// place and needs none, so that workspace stays flat in the sequence length.
 std::int64_t dq_accum_floats(const AttentionSpec& s) {
-  return s.dtype == DType::f32 ? 0 : s.group_size() * s.seqlen_q * s.head_dim_qk;
+  return s.effective_dq_dtype() == DType::f32 ? 0 : s.group_size() * s.seqlen_q * s.head_dim_qk;
 }
 
 class FlashBackend final : public Backend {

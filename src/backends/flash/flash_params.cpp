@@ -67,6 +67,7 @@ FlashParams make_backward_params(const BackwardArgs& a) {
   p.dout = a.dout.data;
   p.sdo = detail::token_strides(a.dout, a.spec.layout);
   p.dq = a.dq.data;
+  p.dq_f32 = a.spec.effective_dq_dtype() == DType::f32;
   p.dk = a.dk.data;
   p.dv_out = a.dv.data;
   p.sdq = detail::token_strides(a.dq, a.spec.layout);

@@ -44,6 +44,9 @@ struct FlashParams {
   detail::TokenStrides sdo;
   void *dq = nullptr, *dk = nullptr, *dv_out = nullptr;
   detail::TokenStrides sdq, sdk, sdv;
+  // dq is f32 (always for f32 problems; spec.dq_dtype = f32 for bf16/f16): the
+  // kernels then accumulate dQ in place there instead of in a scratch sum.
+  bool dq_f32 = true;
 
   // dropout: keep mask from the shared Philox function, kept values * dropout_scale
   bool dropout = false;

@@ -83,8 +83,14 @@ void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kv
           }
         }
       }
-      T* out = c.a.dq.template as<T>() + c.dqs.offset(b, sp.q_begin + i, h);
-      for (std::int64_t d = 0; d < pr.dqk; ++d) out[d] = static_cast<T>(pr.scale * dq[d]);
+      // dq is T, or f32 when a bf16/f16 problem asked for spec.dq_dtype = f32.
+      const auto write_dq = [&](auto* out) {
+        using D = std::remove_pointer_t<decltype(out)>;
+        for (std::int64_t d = 0; d < pr.dqk; ++d) out[d] = static_cast<D>(pr.scale * dq[d]);
+      };
+      const std::int64_t off = c.dqs.offset(b, sp.q_begin + i, h);
+      if (c.a.dq.dtype == DType::f32) write_dq(c.a.dq.template as<float>() + off);
+      else write_dq(c.a.dq.template as<T>() + off);
     }
   }
   for (std::int64_t j = 0; j < sk; ++j) {
@@ -151,7 +157,8 @@ void run_backward(const BackwardArgs& a, bool acc64, bool round_inter) {
   Sizer z;
   const BufferSizes sizes = buffer_sizes(a.spec, Pass::backward, acc64, z);
   const ScratchPlan plan = plan_scratch(a.spec, Pass::backward, acc64);
-  fill_view(a.dq, T(0.0f));
+  if (a.dq.dtype == DType::f32) fill_view(a.dq, 0.0f);
+  else fill_view(a.dq, T(0.0f));
   fill_view(a.dk, T(0.0f));
   fill_view(a.dv, T(0.0f));
   const Workers workers(a.workspace, plan.worker_bytes,

@@ -1,6 +1,6 @@
 // Test helpers for paged K/V: scatter a dense problem's keys into page pools
 // (pages assigned in a shuffled order, so a kernel that ignores the block table
-// reads the wrong keys), and the §3.3 comparison used by the decode tests.
+// reads the wrong keys).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attend/attend.h"
+#include "support/baseline.h"
 #include "support/tensors.h"
 
 namespace attend::testing {
@@ -110,17 +111,6 @@ inline Problem paged_as_problem(const PagedProblem& p) {
   d.dout = p.dense.dout;
   d.inputs = p.inputs;
   return d;
-}
-
-// FlashAttention's rule (fa_semantics.md §3.3): err(x) <= c * err(naive f32) + atol,
-// atol a few f32 ulps at the quantity's magnitude.
-// `magnitude` < 0: max |ref|. Gradients pass the largest of the three (as the
-// flash tests do): one that cancels to ~0 still carries its terms' rounding.
-inline void expect_within_baseline(const char* what, const Tensor& x, const Tensor& naive, const Tensor& ref, double c,
-                                   double magnitude = -1) {
-  const double err = max_abs_diff(x, ref), err_naive = max_abs_diff(naive, ref);
-  const double atol = 4 * 1.2e-7 * std::max(1.0, magnitude < 0 ? max_abs(ref) : magnitude);
-  EXPECT_LE(err, c * err_naive + atol) << what << ": err " << err << ", naive f32 err " << err_naive << ", atol " << atol;
 }
 
 }  // namespace attend::testing

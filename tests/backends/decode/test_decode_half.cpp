@@ -13,6 +13,7 @@
 #include "attend/backends/flash.h"
 #include "backends/decode/paged_problem.h"
 #include "support/half_baseline.h"
+#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -65,7 +66,7 @@ std::vector<HalfCase> cases() {
 class DecodeHalf : public ::testing::TestWithParam<std::tuple<HalfCase, DType>> {};
 
 TEST_P(DecodeHalf, MatchesReferenceWithinBaselineAndEqualsF32KernelOnWidenedInputs) {
-  if (const char* isa = std::getenv("ATTEND_ISA"); isa && *isa && !flash_isa_supported(isa)) GTEST_SKIP();
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const auto& [c, dt] = GetParam();
   testing::Problem p32;
   testing::PagedProblem pp;

@@ -16,18 +16,13 @@
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
 #include "backends/decode/paged_problem.h"
+#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
 namespace {
 
 using testing::PassResults;
-
-#define SKIP_IF_FORCED_ISA_UNAVAILABLE()                                              \
-  do {                                                                                \
-    const char* isa = std::getenv("ATTEND_ISA");                                      \
-    if (isa && *isa && !flash_isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa; \
-  } while (0)
 
 class RealBackends : public ::testing::TestWithParam<std::pair<int, int>> {
  protected:

@@ -13,6 +13,8 @@
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
 #include "backends/decode/paged_problem.h"
+#include "support/feature_case.h"
+#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -20,48 +22,14 @@ namespace {
 
 using testing::PassResults;
 
-// An ATTEND_ISA the CPU lacks makes every decode call an error, by design.
-#define SKIP_IF_FORCED_ISA_UNAVAILABLE()                                              \
-  do {                                                                                \
-    const char* isa = std::getenv("ATTEND_ISA");                                      \
-    if (isa && *isa && !flash_isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa; \
-  } while (0)
+using DecodeCase = testing::FeatureCase;
 
-struct DecodeCase {
-  std::string name;
-  std::int64_t sq = 1, sk = 300, heads = 4, heads_kv = 2, dqk = 64, dv = 64;
-  bool causal = false;
-  std::int64_t wl = -1, wr = -1;
-  double softcap = 0;
-  bool alibi = false, bias = false;
-  double dropout = 0;
-  Layout layout = Layout::bshd;
-  std::vector<std::int32_t> lens_q, lens_kv;  // varlen when non-empty
-  std::int64_t page = 0;                      // paged when > 0: lens_kv are stored lengths
-  std::vector<std::int32_t> leftpad;
-};
-
-std::ostream& operator<<(std::ostream& os, const DecodeCase& c) { return os << c.name; }
-
-AttentionSpec spec_of(const DecodeCase& c) {
-  AttentionSpec s;
-  s.seqlen_q = c.sq;
-  s.seqlen_kv = c.sk;
-  s.heads_q = c.heads;
-  s.heads_kv = c.heads_kv;
-  s.head_dim_qk = c.dqk;
-  s.head_dim_v = c.dv;
-  s.causal = c.causal;
-  s.window_left = c.wl;
-  s.window_right = c.wr;
-  s.softcap = c.softcap;
-  s.alibi = c.alibi;
-  s.has_bias = c.bias;
-  s.dropout_p = c.dropout;
-  s.dropout_seed = 77;
-  s.layout = (c.lens_q.empty() || c.page > 0) ? c.layout : Layout::thd;
-  return s;
+// Decode's cases: GQA 4/2 unless a case says otherwise.
+DecodeCase make(std::string name, std::int64_t sq, std::int64_t sk, std::int64_t dqk, std::int64_t dv) {
+  return testing::make_case(std::move(name), sq, sk, dqk, dv, 4, 2);
 }
+
+AttentionSpec spec_of(const DecodeCase& c) { return c.spec(77); }
 
 class DecodeVsReference : public ::testing::TestWithParam<DecodeCase> {};
 
@@ -90,16 +58,6 @@ TEST_P(DecodeVsReference, ForwardWithinSamePrecisionBaseline) {
     testing::expect_within_baseline("flash out", fl.out, naive.out, ref.out, 2);
     testing::expect_within_baseline("flash lse", fl.lse, naive.lse, ref.lse, 2);
   }
-}
-
-DecodeCase make(std::string name, std::int64_t sq, std::int64_t sk, std::int64_t dqk, std::int64_t dv) {
-  DecodeCase c;
-  c.name = std::move(name);
-  c.sq = sq;
-  c.sk = sk;
-  c.dqk = dqk;
-  c.dv = dv;
-  return c;
 }
 
 std::vector<DecodeCase> cases() {

@@ -9,18 +9,13 @@
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
+#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
 namespace {
 
 // When a run forces an ISA this CPU lacks, every flash test skips (and says so).
-#define SKIP_IF_FORCED_ISA_UNAVAILABLE()                                              \
-  do {                                                                                \
-    const char* isa = std::getenv("ATTEND_ISA");                                      \
-    if (isa && *isa && !flash_isa_supported(isa)) GTEST_SKIP() << "CPU lacks " << isa; \
-  } while (0)
-
 AttentionSpec spec(std::int64_t sq, std::int64_t sk, std::int64_t d) {
   AttentionSpec s;
   s.batch = 2;

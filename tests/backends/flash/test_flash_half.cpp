@@ -15,6 +15,7 @@
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
 #include "support/half_baseline.h"
+#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -71,15 +72,10 @@ std::vector<HalfCase> cases() {
   return v;
 }
 
-bool forced_isa_unavailable() {
-  const char* isa = std::getenv("ATTEND_ISA");
-  return isa && *isa && !flash_isa_supported(isa);
-}
-
 class FlashHalf : public ::testing::TestWithParam<std::tuple<HalfCase, DType>> {};
 
 TEST_P(FlashHalf, ForwardAndGradientsWithinSamePrecisionBaseline) {
-  if (forced_isa_unavailable()) GTEST_SKIP();
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const auto& [c, dt] = GetParam();
   const testing::Problem half = testing::problem_as(testing::make_problem(c.spec, 21, c.lens_q, c.lens_kv), dt);
   const auto flash = make_flash_backend();
@@ -97,7 +93,7 @@ TEST_P(FlashHalf, ForwardAndGradientsWithinSamePrecisionBaseline) {
 // widened inputs (the avx512bf16/avx512amx families' bf16 forward GEMMs round
 // P to bf16 instead: their accuracy is what the baseline test above checks).
 TEST_P(FlashHalf, ConversionPathEqualsF32KernelOnWidenedInputs) {
-  if (forced_isa_unavailable()) GTEST_SKIP();
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const auto& [c, dt] = GetParam();
   const std::string_view isa = flash_active_isa();
   if (dt == DType::bf16 && (isa == "avx512bf16" || isa == "avx512amx")) GTEST_SKIP() << "bf16 forward on bf16 GEMMs";
@@ -119,6 +115,13 @@ TEST_P(FlashHalf, ConversionPathEqualsF32KernelOnWidenedInputs) {
   EXPECT_TRUE(testing::bitwise_equal(got.dq, testing::convert(f32.dq, dt)));
   EXPECT_TRUE(testing::bitwise_equal(got.dk, testing::convert(f32.dk, dt)));
   EXPECT_TRUE(testing::bitwise_equal(got.dv, testing::convert(f32.dv, dt)));
+}
+
+TEST_P(FlashHalf, F32DqIsTheUnroundedDefault) {
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
+  const auto& [c, dt] = GetParam();
+  const testing::Problem half = testing::problem_as(testing::make_problem(c.spec, 23, c.lens_q, c.lens_kv), dt);
+  testing::expect_f32_dq_is_the_unrounded_default(*make_flash_backend(), half);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashHalf,
@@ -146,7 +149,7 @@ TensorView nan_padded(const Tensor& t, std::int64_t pad, Tensor& storage) {
 // Kernels read exactly the rows' elements: NaNs right after each row (where a
 // padded pair or a vector tail could reach) change no bit of any result.
 TEST(FlashHalfStrided, ValuesBetweenRowsNeverReachResults) {
-  if (forced_isa_unavailable()) GTEST_SKIP();
+  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   for (DType dt : {DType::bf16, DType::f16}) {
     AttentionSpec s = base(70, 90, 40, 24);
     s.batch = 2;
@@ -173,6 +176,22 @@ TEST(FlashHalfStrided, ValuesBetweenRowsNeverReachResults) {
                               std::tuple{"dv", got.dv, want.dv}}) {
       EXPECT_TRUE(testing::bitwise_equal(a, b)) << name << " " << to_string(dt);
     }
+  }
+}
+
+// bf16/f16 backward keeps an f32 dQ sum per thread, O(seqlen_q); with an f32
+// dq it accumulates there instead and the workspace is flat in the sequence length.
+TEST(FlashHalfWorkspace, F32DqMakesTheBackwardWorkspaceFlat) {
+  const auto flash = make_flash_backend();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    AttentionSpec s = base(1024, 1024, 128, 128);
+    s.dtype = dt;
+    AttentionSpec longer = s;
+    longer.seqlen_q = longer.seqlen_kv = 8192;
+    EXPECT_GT(flash->workspace_bytes(longer, Pass::backward), flash->workspace_bytes(s, Pass::backward));
+    s.dq_dtype = longer.dq_dtype = DType::f32;
+    EXPECT_EQ(flash->workspace_bytes(longer, Pass::backward), flash->workspace_bytes(s, Pass::backward));
+    EXPECT_EQ(flash->workspace_bytes(s, Pass::forward), flash->workspace_bytes(longer, Pass::forward));
   }
 }
 

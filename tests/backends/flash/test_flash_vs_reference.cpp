@@ -11,6 +11,8 @@
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
+#include "support/baseline.h"
+#include "support/feature_case.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -18,55 +20,14 @@ namespace {
 
 using testing::PassResults;
 
-struct FlashCase {
-  std::string name;
-  std::int64_t sq = 0, sk = 0, heads = 2, heads_kv = 2, dqk = 64, dv = 64;
-  bool causal = false;
-  std::int64_t wl = -1, wr = -1;
-  double softcap = 0;
-  bool alibi = false, bias = false;
-  double dropout = 0;
-  std::vector<std::int32_t> lens_q, lens_kv;  // varlen when non-empty
-  Layout layout = Layout::bshd;
-};
-
-std::ostream& operator<<(std::ostream& os, const FlashCase& c) { return os << c.name; }
-
-// max |x - ref| with NaN/inf agreement required.
-double error(const Tensor& x, const Tensor& ref) { return testing::max_abs_diff(x, ref); }
-
-// `magnitude` sets the absolute floor: a few f32 ulps at the scale of the
-// quantity. Gradients use the largest of the three gradients, because a gradient
-// that cancels to ~0 (e.g. dq with a single key) still carries the rounding of
-// the terms that cancelled, which the naive baseline may happen to avoid.
-void expect_within(const char* what, const Tensor& flash, const Tensor& naive, const Tensor& ref, double c,
-                   double magnitude) {
-  const double err = error(flash, ref), err_naive = error(naive, ref);
-  const double atol = 4 * 1.2e-7 * std::max(1.0, magnitude);
-  EXPECT_LE(err, c * err_naive + atol) << what << ": flash err " << err << ", naive f32 err " << err_naive
-                                       << ", atol " << atol;
-}
+using FlashCase = testing::FeatureCase;
+using testing::expect_within_baseline;
 
 class FlashVsReference : public ::testing::TestWithParam<FlashCase> {};
 
 TEST_P(FlashVsReference, ForwardAndGradientsWithinSamePrecisionBaseline) {
   const FlashCase& c = GetParam();
-  AttentionSpec s;
-  s.seqlen_q = c.sq;
-  s.seqlen_kv = c.sk;
-  s.heads_q = c.heads;
-  s.heads_kv = c.heads_kv;
-  s.head_dim_qk = c.dqk;
-  s.head_dim_v = c.dv;
-  s.causal = c.causal;
-  s.window_left = c.wl;
-  s.window_right = c.wr;
-  s.softcap = c.softcap;
-  s.alibi = c.alibi;
-  s.has_bias = c.bias;
-  s.dropout_p = c.dropout;
-  s.dropout_seed = 1234;
-  s.layout = c.lens_q.empty() ? c.layout : Layout::thd;
+  const AttentionSpec s = c.spec(1234);
   const testing::Problem p32 = testing::make_problem(s, 42, c.lens_q, c.lens_kv);
   const testing::Problem p64 = testing::problem_as_f64(p32);
 
@@ -74,22 +35,16 @@ TEST_P(FlashVsReference, ForwardAndGradientsWithinSamePrecisionBaseline) {
   const PassResults naive = testing::run_backend(*make_reference_backend({.accumulate_f64 = false}), p32, true);
   const PassResults ref = testing::run_backend(*make_reference_backend(), p64, true);
 
-  expect_within("out", flash.out, naive.out, ref.out, 2, testing::max_abs(ref.out));
-  expect_within("lse", flash.lse, naive.lse, ref.lse, 2, testing::max_abs(ref.lse));
+  expect_within_baseline("out", flash.out, naive.out, ref.out, 2, testing::max_abs(ref.out));
+  expect_within_baseline("lse", flash.lse, naive.lse, ref.lse, 2, testing::max_abs(ref.lse));
   const double grads = std::max({testing::max_abs(ref.dq), testing::max_abs(ref.dk), testing::max_abs(ref.dv)});
-  expect_within("dq", flash.dq, naive.dq, ref.dq, 3, grads);
-  expect_within("dk", flash.dk, naive.dk, ref.dk, 3, grads);
-  expect_within("dv", flash.dv, naive.dv, ref.dv, 3, grads);
+  expect_within_baseline("dq", flash.dq, naive.dq, ref.dq, 3, grads);
+  expect_within_baseline("dk", flash.dk, naive.dk, ref.dk, 3, grads);
+  expect_within_baseline("dv", flash.dv, naive.dv, ref.dv, 3, grads);
 }
 
 FlashCase make(std::string name, std::int64_t sq, std::int64_t sk, std::int64_t dqk, std::int64_t dv) {
-  FlashCase c;
-  c.name = std::move(name);
-  c.sq = sq;
-  c.sk = sk;
-  c.dqk = dqk;
-  c.dv = dv;
-  return c;
+  return testing::make_case(std::move(name), sq, sk, dqk, dv);
 }
 
 std::vector<FlashCase> cases() {

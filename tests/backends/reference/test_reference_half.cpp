@@ -62,6 +62,17 @@ TEST_P(ReferenceHalf, SamePrecisionBaselineErrsMoreThanUpcastingButStaysBounded)
   }
 }
 
+TEST_P(ReferenceHalf, F32DqIsTheF64GradientRoundedToF32) {
+  const DType dt = GetParam();
+  testing::Problem p = testing::problem_as(testing::make_problem(small_spec(DType::f32), 5), dt);
+  const auto ref = make_reference_backend();
+  testing::expect_f32_dq_is_the_unrounded_default(*ref, p);
+  const testing::PassResults want = testing::run_backend(*ref, testing::problem_as_f64(p), true);
+  p.spec.dq_dtype = DType::f32;
+  const testing::PassResults got = testing::run_backend(*ref, p, true);
+  EXPECT_TRUE(testing::bitwise_equal(got.dq, testing::convert(want.dq, DType::f32)));
+}
+
 TEST(ReferenceHalfCheck, HalfDtypesAreSupportedInBothPasses) {
   const auto ref = make_reference_backend();
   for (DType dt : {DType::bf16, DType::f16}) {
