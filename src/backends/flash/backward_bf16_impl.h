@@ -1,7 +1,10 @@
-// The bf16 backward of the avx512amx family: backward_impl.h's algorithm with
-// its five GEMMs on AMX tiles (gemm_amx.h). Every operand is packed as bf16
-// pairs along the GEMM's depth (a tile's A is row-major words, its B "VNNI"
-// words [pair][column]):
+// The bf16 backward of the avx512amx and avx512bf16 families: backward_impl.h's
+// algorithm with its five GEMMs on bf16 pairs —
+//   kAmx = true  (avx512amx): AMX-BF16 tiles (gemm_amx.h)
+//   kAmx = false (avx512bf16): vdpbf16ps (gemm_bf16.h), for CPUs with AVX512-BF16
+//                and no AMX (AMD Zen 4/5)
+// on the same packed operands. Every operand is packed as bf16 pairs along the
+// GEMM's depth (A is row-major words, B "VNNI" words [pair][column]):
 //   S  = Q K^T      A: Q rows               B: K^T   (K rows transposed as words)
 //   dP = dO V^T     A: dO rows              B: V^T   (likewise)
 //   dV += P'^T dO   A: P'^T (transposed)    B: dO by pairs of query rows
@@ -11,6 +14,8 @@
 // GQA group. P' and dS are rounded to bf16 for their GEMMs (as FlashAttention
 // does on GPUs); logits, P, dP, D, the softmax-gradient arithmetic and every
 // accumulator (dK, dV, dQ) stay f32, exactly as in backward_impl.h.
+// Operand rows and pairs are padded to AMX's multiples of 16 for both engines
+// (zeros; vdpbf16ps spends at most a few idle pairs on them).
 // Included inside the avx512bf16 + AMX target region of isa_avx512.cpp.
 #pragma once
 
@@ -28,10 +33,10 @@ namespace attend::flash::ATTEND_FLASH_ISA {
 // Words (two bf16) of one padded row of `dim` elements: a multiple of 16 pairs.
 constexpr std::int64_t amx_pairs(std::int64_t dim) { return round_up((dim + 1) / 2, 16); }
 
-// Extra per-thread floats of the AMX backward (after the tiles and the dQ sum,
-// flash_backend.cpp).
+// Extra per-thread floats of the bf16-GEMM backward (after the tiles and the dQ
+// sum, flash_backend.cpp).
 template <class S>
-std::int64_t backward_amx_extra_floats(std::int64_t dqk, std::int64_t dv) {
+std::int64_t backward_bf16_extra_floats(std::int64_t dqk, std::int64_t dv) {
   using T = KernelTraits<S>;
   const std::int64_t BM = T::bwd_m, BN = T::bwd_n, kq = amx_pairs(dqk), kv = amx_pairs(dv);
   const std::int64_t dqp = round_up(dqk, 16), dvp = round_up(dv, 16);
@@ -101,9 +106,21 @@ inline void pair_columns(const float* t, std::int64_t ld, std::int64_t qpairs, s
   }
 }
 
-template <class S>
-void backward_head_amx(const FlashParams& p, std::int64_t b, std::int64_t hk, float* scratch) {
-  static_assert(S::W == 16, "AMX kernels are AVX-512 only");
+// C[rows x cols] (= or +=) A . B over `pairs` word pairs on the family's engine.
+template <class S, bool kAmx>
+inline void bf16_gemm(std::int64_t rows, std::int64_t cols, std::int64_t pairs, const std::uint32_t* a,
+                      std::int64_t lda, const std::uint32_t* b, std::int64_t ldb, float* c, std::int64_t ldc,
+                      bool accumulate) {
+  if constexpr (kAmx) {
+    amx_gemm(rows, cols, pairs, a, lda, b, ldb, c, ldc, accumulate);
+  } else {
+    dp_gemm<KernelTraits<S>::mr, KernelTraits<S>::nv>(rows, cols, pairs, MatW{a, lda, 1}, b, ldb, c, ldc, accumulate);
+  }
+}
+
+template <class S, bool kAmx>
+void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t hk, float* scratch) {
+  static_assert(S::W == 16, "bf16-GEMM kernels are AVX-512 only");
   using Tr = KernelTraits<S>;
   using V = typename S::V;
   using detail::bf16_t;
@@ -113,7 +130,8 @@ void backward_head_amx(const FlashParams& p, std::int64_t b, std::int64_t hk, fl
   const detail::SeqSpan span = p.span(b);
   const std::int64_t dqk = p.dqk, dv = p.dv, dqp = round_up(dqk, S::W), dvp = round_up(dv, S::W);
   const std::int64_t kq = amx_pairs(dqk), kv = amx_pairs(dv);
-  amx_configure();
+  if constexpr (kAmx) amx_configure();
+  const auto gemm = bf16_gemm<S, kAmx>;
 
   // backward_impl.h's f32 tiles (only the ones used here)...
   float* dk_acc = scratch + dqk * BN + dv * BN + BN * dqp;  // BN x dqp
@@ -171,16 +189,13 @@ void backward_head_amx(const FlashParams& p, std::int64_t b, std::int64_t hk, fl
         pair_rows(qb, kq, mp / 2, dqp, q2);
         pair_rows(dob, kv, mp / 2, dvp, do2);
         for (std::int64_t r = 0; r < m; ++r) {
-          const bf16_t* o = p.out_as<bf16_t>() + p.so.offset(b, row0 + r, h);
-          const bf16_t* d = p.dout_as<bf16_t>() + p.sdo.offset(b, row0 + r, h);
-          float s = 0.0f;
-          for (std::int64_t c = 0; c < dv; ++c) s = std::fma(detail::to_f32(d[c]), detail::to_f32(o[c]), s);
-          dsum[r] = s;
+          dsum[r] = dot<S>(p.dout_as<bf16_t>() + p.sdo.offset(b, row0 + r, h),
+                           p.out_as<bf16_t>() + p.so.offset(b, row0 + r, h), dv);
           lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         }
 
         // S = Q K^T (scaled in f32), final logits, P = exp(s - LSE); padding rows 0.
-        amx_gemm(mp, np, kq, qb, kq, kt2, np, pt, BN, false);
+        gemm(mp, np, kq, qb, kq, kt2, np, pt, BN, false);
         const V vscale = S::set1(p.scale);
         for (std::int64_t r = 0; r < m; ++r) {
           for (std::int64_t j = 0; j < np; j += S::W) S::store(pt + r * BN + j, S::mul(S::load(pt + r * BN + j), vscale));
@@ -198,7 +213,7 @@ void backward_head_amx(const FlashParams& p, std::int64_t b, std::int64_t hk, fl
         }
 
         // dP = dO V^T (* keep/(1-p)); scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
-        amx_gemm(mp, np, kv, dob, kv, vt2, np, ds, BN, false);
+        gemm(mp, np, kv, dob, kv, vt2, np, ds, BN, false);
         const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, np};
         if (p.dropout) apply_dropout(p, dtile);
         for (std::int64_t r = 0; r < mp; ++r) {
@@ -219,15 +234,15 @@ void backward_head_amx(const FlashParams& p, std::int64_t b, std::int64_t hk, fl
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ = (scale dS) K
         pair_columns(pt, BN, mp / 2, np, pT2, BM / 2);
         pair_columns(ds, BN, mp / 2, np, dsT2, BM / 2);
-        amx_gemm(np, dvp, round_up(mp / 2, 16), pT2, BM / 2, do2, dvp, dv_acc, dvp, true);
-        amx_gemm(np, dqp, round_up(mp / 2, 16), dsT2, BM / 2, q2, dqp, dk_acc, dqp, true);
+        gemm(np, dvp, round_up(mp / 2, 16), pT2, BM / 2, do2, dvp, dv_acc, dvp, true);
+        gemm(np, dqp, round_up(mp / 2, 16), dsT2, BM / 2, q2, dqp, dk_acc, dqp, true);
         for (std::int64_t r = 0; r < mp; ++r) {
           for (std::int64_t j = 0; j < np; j += 32) {
             const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(ds + r * BN + j + 16), _mm512_loadu_ps(ds + r * BN + j));
             _mm512_storeu_si512(dsb + r * (BN / 2) + j / 2, w);
           }
         }
-        amx_gemm(mp, dqp, np / 2, dsb, BN / 2, k2, dqp, dq_tile, dqp, false);
+        gemm(mp, dqp, np / 2, dsb, BN / 2, k2, dqp, dq_tile, dqp, false);
         for (std::int64_t r = 0; r < m; ++r) {
           float* dst = dq_row(g, i0 + r);
           for (std::int64_t d = 0; d < dqk; ++d) dst[d] += dq_tile[r * dqp + d];
@@ -242,7 +257,7 @@ void backward_head_amx(const FlashParams& p, std::int64_t b, std::int64_t hk, fl
   }
 
   store_dq_accum<S, bf16_t>(p, b, hk, span, scratch);
-  _tile_release();
+  if constexpr (kAmx) _tile_release();
 }
 
 }  // namespace attend::flash::ATTEND_FLASH_ISA

@@ -68,10 +68,11 @@ const KernelTable& kernels_for(std::string_view isa) {
 const KernelTable& active_kernels() {
   static const KernelTable& table = [] () -> const KernelTable& {
     if (const char* forced = std::getenv("ATTEND_ISA"); forced && *forced) return kernels_for(forced);
-    // avx512amx first (its bf16 forward/backward ran 2.8x/2.2x the f32 ones where measured);
-    // avx512bf16 is opt-in: its vdpbf16ps GEMMs were no faster than avx512's
-    // FMAs on widened bf16 there (README "bf16 and f16").
-    for (std::string_view isa : {"avx512amx", "avx512", "avx2"}) {
+    // bf16 decides the order (f32/f16 kernels are avx512's in all three):
+    // avx512amx first (bf16 forward/backward 2.8x/2.2x the f32 ones on an Intel
+    // part with AMX), then avx512bf16 (vdpbf16ps: 1.8x/1.6x on AMD Zen 5, which
+    // has no AMX), then avx512 (bf16 widened to f32 FMAs). README "bf16 and f16".
+    for (std::string_view isa : {"avx512amx", "avx512bf16", "avx512", "avx2"}) {
       if (cpu_supports(isa)) return kernels_for(isa);
     }
     return kernels_for("scalar");

@@ -58,12 +58,14 @@ KernelTable kernels_avx512() {
           &backward_scratch_floats<SimdAvx512>};
 }
 
-// avx512 with the bf16 forward on vdpbf16ps; everything else is avx512's.
+// avx512 with the bf16 forward and backward on vdpbf16ps; everything else is avx512's.
 KernelTable kernels_avx512bf16() {
   KernelTable t = kernels_avx512();
   t.isa = "avx512bf16";
   t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512>;
   t.bf16.forward_extra = &isa_avx512::forward_bf16_extra_floats<SimdAvx512>;
+  t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, false>;
+  t.bf16.backward_extra = &isa_avx512::backward_bf16_extra_floats<SimdAvx512>;
   return t;
 }
 
@@ -72,8 +74,7 @@ KernelTable kernels_avx512amx() {
   KernelTable t = kernels_avx512bf16();
   t.isa = "avx512amx";
   t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512, true>;
-  t.bf16.backward_head = &isa_avx512::backward_head_amx<SimdAvx512>;
-  t.bf16.backward_extra = &isa_avx512::backward_amx_extra_floats<SimdAvx512>;
+  t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, true>;
   return t;
 }
 

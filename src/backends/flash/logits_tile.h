@@ -142,13 +142,14 @@ inline void prefetch_row(const E* src, std::int64_t n) {
 }
 
 // dot(a, b) over n elements, vectorised (the scalar loop would serialise on FMA latency).
-template <class S, class E>
-inline float dot(const float* a, const E* b, std::int64_t n) {
+// A and E: float, bf16_t or f16_t, each widened as it is loaded.
+template <class S, class A, class E>
+inline float dot(const A* a, const E* b, std::int64_t n) {
   typename S::V acc = S::zero();
   std::int64_t d = 0;
-  for (; d + S::W <= n; d += S::W) acc = S::fmadd(S::load(a + d), detail::load_f32<S>(b + d), acc);
+  for (; d + S::W <= n; d += S::W) acc = S::fmadd(detail::load_f32<S>(a + d), detail::load_f32<S>(b + d), acc);
   float sum = S::reduce_add(acc);
-  for (; d < n; ++d) sum = std::fma(a[d], detail::to_f32(b[d]), sum);
+  for (; d < n; ++d) sum = std::fma(detail::to_f32(a[d]), detail::to_f32(b[d]), sum);
   return sum;
 }
 
