@@ -2,12 +2,14 @@
 // same run, against flash on the same problem, and the seqlen_q crossover.
 //
 //   decode_bench [--tokens N] [--batch B] [--reps R] [--sweep-tokens N] [--no-flash]
+//                [--dtype f32|bf16|f16]
 //
 // Baseline: a STREAM-like read of a 2 GiB array (every thread sums its part,
 // the same OpenMP team decode uses) and a STREAM triad. Decode's rate is the
 // K and V bytes of the cache divided by its time (queries and outputs are
 // negligible next to them). Default problem: B=8, heads 32/8, D=128, f32,
-// 32k cached tokens per sequence in 64-token pages, one query per sequence.
+// 32k cached tokens per sequence in 64-token pages, one query per sequence;
+// --dtype bf16|f16 stores the cache (and the queries) in half precision.
 #include <omp.h>
 
 #include <algorithm>
@@ -77,10 +79,29 @@ Bandwidth measure_bandwidth(int reps) {
           static_cast<double>(3 * m * sizeof(float)) / t_triad / 1e9};
 }
 
+// x in [-0.5, 0.5) as `dtype` at index i of t (truncated: the values do not
+// change the speed).
+void store(const attend::Tensor& t, std::int64_t i, float x) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  switch (t.view().dtype) {
+    case attend::DType::bf16: t.as<std::uint16_t>()[i] = static_cast<std::uint16_t>(bits >> 16); return;
+    case attend::DType::f16: {  // normal f16 or zero
+      const std::uint32_t e = (bits >> 23) & 0xff, sign = (bits >> 16) & 0x8000;
+      t.as<std::uint16_t>()[i] =
+          static_cast<std::uint16_t>(e < 113 ? sign : sign | ((e - 112) << 10) | ((bits >> 13) & 0x3ff));
+      return;
+    }
+    default: t.as<float>()[i] = x; return;
+  }
+}
+
 // A cache of `tokens` per sequence, filled by appending one reused random chunk
 // (values do not change the speed; this keeps set-up to a few seconds).
-attend::KVCache make_cache(std::int64_t batch, std::int64_t hkv, std::int64_t d, std::int64_t tokens) {
+attend::KVCache make_cache(std::int64_t batch, std::int64_t hkv, std::int64_t d, std::int64_t tokens,
+                           attend::DType dtype) {
   attend::KVCacheConfig c;
+  c.dtype = dtype;
   c.batch = batch;
   c.heads_kv = hkv;
   c.head_dim_qk = c.head_dim_v = d;
@@ -88,13 +109,13 @@ attend::KVCache make_cache(std::int64_t batch, std::int64_t hkv, std::int64_t d,
   c.page_size = 64;
   attend::KVCache cache(c);
   const std::int64_t chunk = std::min<std::int64_t>(tokens, 1024);
-  attend::Tensor k = attend::Tensor::zeros(attend::DType::f32, {batch, chunk, hkv, d});
-  attend::Tensor v = attend::Tensor::zeros(attend::DType::f32, {batch, chunk, hkv, d});
+  attend::Tensor k = attend::Tensor::zeros(dtype, {batch, chunk, hkv, d});
+  attend::Tensor v = attend::Tensor::zeros(dtype, {batch, chunk, hkv, d});
   std::uint32_t x = 12345;
   for (std::int64_t i = 0; i < k.numel(); ++i) {
     x = x * 1664525u + 1013904223u;
-    k.as<float>()[i] = static_cast<float>(x >> 8) * 0x1p-24f - 0.5f;
-    v.as<float>()[i] = static_cast<float>((x * 747796405u) >> 8) * 0x1p-24f - 0.5f;
+    store(k, i, static_cast<float>(x >> 8) * 0x1p-24f - 0.5f);
+    store(v, i, static_cast<float>((x * 747796405u) >> 8) * 0x1p-24f - 0.5f);
   }
   for (std::int64_t t = 0; t < tokens; t += chunk) {
     std::vector<std::int64_t> counts(static_cast<std::size_t>(batch), std::min(chunk, tokens - t));
@@ -107,12 +128,12 @@ attend::KVCache make_cache(std::int64_t batch, std::int64_t hkv, std::int64_t d,
 double time_forward(const attend::Backend& backend, const attend::KVCache& cache, std::int64_t heads_q, std::int64_t sq,
                     int reps) {
   const attend::KVCacheConfig& c = cache.config();
-  attend::Tensor q = attend::Tensor::zeros(attend::DType::f32, {c.batch, sq, heads_q, c.head_dim_qk});
-  for (std::int64_t i = 0; i < q.numel(); ++i) q.as<float>()[i] = static_cast<float>(i % 7) * 0.1f;
+  attend::Tensor q = attend::Tensor::zeros(c.dtype, {c.batch, sq, heads_q, c.head_dim_qk});
+  for (std::int64_t i = 0; i < q.numel(); ++i) store(q, i, static_cast<float>(i % 7) * 0.05f - 0.15f);
   attend::AttentionSpec opts;
   opts.causal = true;
   const attend::KVCacheProblem p = attend::kvcache_problem(q, cache, opts);
-  attend::Tensor out = attend::Tensor::zeros(attend::DType::f32, {c.batch, sq, heads_q, c.head_dim_v});
+  attend::Tensor out = attend::Tensor::zeros(c.dtype, {c.batch, sq, heads_q, c.head_dim_v});
   attend::Tensor lse = attend::Tensor::zeros(attend::DType::f32, {c.batch, heads_q, sq});
   std::vector<std::byte> ws(backend.workspace_bytes(p.spec, attend::Pass::forward));
   return best_of(reps, [&] {
@@ -141,6 +162,12 @@ int main(int argc, char** argv) {
   const std::int64_t sweep_tokens = arg(argc, argv, "--sweep-tokens", 4096);
   const int reps = static_cast<int>(arg(argc, argv, "--reps", 5));
   const std::int64_t hq = 32, hkv = 8, d = 128;
+  attend::DType dtype = attend::DType::f32;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--dtype") == 0) dtype = attend::parse_dtype(argv[i + 1], "--dtype");
+  }
+  const std::string dts(attend::to_string(dtype));
+  const char* dt = dts.c_str();
   std::printf("threads: %d  decode isa: %s  flash isa: %s\n", omp_get_max_threads(),
               std::string(attend::decode_active_isa()).c_str(), std::string(attend::flash_active_isa()).c_str());
 
@@ -151,13 +178,13 @@ int main(int argc, char** argv) {
   const auto decode = attend::make_decode_backend({.max_seqlen_q = 1024});
   const auto flash = attend::make_flash_backend();
   {
-    const attend::KVCache cache = make_cache(batch, hkv, d, tokens);
-    const double kv_bytes = 2.0 * static_cast<double>(batch * tokens * hkv * d) * sizeof(float);
+    const attend::KVCache cache = make_cache(batch, hkv, d, tokens, dtype);
+    const double kv_bytes = 2.0 * static_cast<double>(batch * tokens * hkv * d) * static_cast<double>(attend::size_of(dtype));
     const double t_dec = time_forward(*decode, cache, hq, 1, reps);
-    std::printf("decode  B=%lld H=%lld/%lld D=%lld cache=%lld tokens f32 (K+V %.2f GiB), seqlen_q=1: %.2f ms, "
+    std::printf("decode  B=%lld H=%lld/%lld D=%lld cache=%lld tokens %s (K+V %.2f GiB), seqlen_q=1: %.2f ms, "
                 "%.2f GB/s = %.0f%% of read bandwidth\n",
                 static_cast<long long>(batch), static_cast<long long>(hq), static_cast<long long>(hkv),
-                static_cast<long long>(d), static_cast<long long>(tokens), kv_bytes / (1 << 30), t_dec * 1e3,
+                static_cast<long long>(d), static_cast<long long>(tokens), dt, kv_bytes / (1 << 30), t_dec * 1e3,
                 kv_bytes / t_dec / 1e9, 100.0 * kv_bytes / t_dec / 1e9 / bw.read_gbs);
     if (!flag(argc, argv, "--no-flash")) {
       const double t_fl = time_forward(*flash, cache, hq, 1, std::max(1, reps / 2));
@@ -167,7 +194,7 @@ int main(int argc, char** argv) {
   }
 
   // Crossover: causal queries at the end of a shorter cache, decode vs flash.
-  const attend::KVCache cache = make_cache(batch, hkv, d, sweep_tokens);
+  const attend::KVCache cache = make_cache(batch, hkv, d, sweep_tokens, dtype);
   std::printf("crossover sweep (B=%lld H=%lld/%lld D=%lld cache=%lld tokens, causal):\n", static_cast<long long>(batch),
               static_cast<long long>(hq), static_cast<long long>(hkv), static_cast<long long>(d),
               static_cast<long long>(sweep_tokens));

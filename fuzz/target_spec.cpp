@@ -167,6 +167,7 @@ AttentionSpec make_spec(ByteReader& in) {
     s.kv_page_size = in.size();
     s.kv_leftpad = in.flag();
   }
+  if (in.rarely(8)) s.dq_dtype = static_cast<DType>(in.u8() % 5);
   return s;
 }
 
@@ -217,7 +218,9 @@ void run_backward(const attend::Backend& b, const AttentionSpec& s, const attend
   }
   // Gradients contiguous in the inputs' shapes (the inputs' strides are fuzzed).
   const auto like = [](const TensorView& v) { return attend::Tensor::zeros_like(v); };
-  attend::Tensor dq = like(in.q), dk = like(in.k), dv = like(in.v), dbias;
+  TensorView q = in.q;
+  q.dtype = s.effective_dq_dtype();
+  attend::Tensor dq = like(q), dk = like(in.k), dv = like(in.v), dbias;
   if (s.bias_requires_grad) dbias = like(in.bias);
   b.backward(attend::BackwardArgs{s, in, f.out, f.lse, dout, dq, dk, dv, dbias});
 }

@@ -36,9 +36,10 @@ struct KernelTable {
 KernelTable kernels_scalar();
 KernelTable kernels_avx2();
 KernelTable kernels_avx512();
-// avx512 plus AVX512-BF16: the bf16 forward runs on vdpbf16ps (forward_bf16_impl.h).
+// avx512 plus AVX512-BF16: the bf16 forward and backward run on vdpbf16ps
+// (forward_bf16_impl.h, backward_bf16_impl.h).
 KernelTable kernels_avx512bf16();
-// avx512bf16 plus AMX-BF16: the bf16 forward runs on AMX tiles (forward_bf16_impl.h).
+// avx512bf16 plus AMX-BF16: the bf16 forward and backward run on AMX tiles.
 KernelTable kernels_avx512amx();
 
 // The table for ATTEND_ISA if set, else the widest the CPU supports.
