@@ -147,6 +147,12 @@ void expect_confined(float bad, bool in_k) {
   // bshd: element (b=0, row 2, head 0, d=0)
   const std::int64_t at = (2 * s.heads_q + 0) * s.head_dim_qk;
   (in_k ? dirty.k : dirty.q).as<float>()[at] = bad;
+  const auto row_finite = [&](const Tensor& out, std::int64_t i, std::int64_t h) {
+    for (std::int64_t dd = 0; dd < s.head_dim_v; ++dd) {
+      if (!std::isfinite(out.as<float>()[(i * s.heads_q + h) * s.head_dim_v + dd])) return false;
+    }
+    return true;
+  };
   for (const auto& e : Registry::global().backends()) {
     const Backend& b = *e.backend;
     if (!b.check(s, Pass::forward).ok()) continue;
@@ -158,12 +164,15 @@ void expect_confined(float bad, bool in_k) {
         const float lc = c.lse.as<float>()[h * s.seqlen_q + i], ld = d.lse.as<float>()[h * s.seqlen_q + i];
         if (!reached) {
           EXPECT_EQ(lc, ld) << "row " << i << " head " << h;
-        } else if (b.name() == "reference") {
-          // The oracle never hides a non-finite input: the row's LSE is NaN or
-          // infinite (a row whose logits are all NaN reads as fully masked:
-          // -inf). The SIMD backends may drop a NaN logit instead (their max
-          // and exp clamp it); docs/hardening.md documents both.
+        } else {
+          // No backend hides a non-finite input: the row's LSE is NaN or
+          // infinite, and its output is non-finite too unless the row reads as
+          // fully masked (LSE -inf, output 0: e.g. all its logits NaN).
+          // docs/hardening.md "NaN/inf propagation".
           EXPECT_FALSE(std::isfinite(ld)) << "row " << i << " head " << h << " lse " << ld;
+          if (row_finite(d.out, i, h)) {
+            EXPECT_EQ(ld, -std::numeric_limits<float>::infinity()) << "row " << i << " head " << h;
+          }
         }
       }
     }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attend/error.h"
+#include "core/f32_range.h"
 #include "core/threads.h"
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
@@ -46,6 +47,7 @@ class DecodeBackend final : public Backend {
     sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype,
                 "dtype=" + std::string(to_string(s.dtype)) +
                     " is not computed by decode (f32, bf16, f16; f32 accumulation)");
+    detail::require_f32_logit_terms(s, name(), sup);
     sup.require(s.seqlen_q <= options_.max_seqlen_q, ReasonCode::seqlen,
                 "seqlen_q=" + std::to_string(s.seqlen_q) + " exceeds the decode limit " +
                     std::to_string(options_.max_seqlen_q) + " (longer query blocks run faster on flash)");

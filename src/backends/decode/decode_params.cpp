@@ -37,34 +37,9 @@ DecodeParams make_params(const ForwardArgs& a) {
   const AttentionSpec& s = a.spec;
   const Inputs& in = a.in;
   DecodeParams p;
-  p.spec = &s;
+  detail::init_kernel_problem(p, s, in);
   p.plan = plan_splits(s);
-  p.batch = s.batch;
-  p.heads_q = s.heads_q;
-  p.heads_kv = s.heads_kv;
-  p.group = s.group_size();
-  p.dqk = s.head_dim_qk;
-  p.dv = s.head_dim_v;
-  p.scale = static_cast<float>(s.effective_scale());
-  p.softcap = static_cast<float>(s.softcap);
   for (std::int64_t b = 0; b < s.batch; ++b) p.spans.push_back(detail::sequence_span(s, in, b));
-  p.dtype = s.dtype;
-  p.q = in.q.data;
-  p.k = in.k.data;
-  p.v = in.v.data;
-  p.sq = detail::token_strides(in.q, s.layout);
-  if (s.paged()) {
-    p.pages = detail::page_table(s, in);
-    p.sk = detail::pool_strides(in.k);
-    p.sv = detail::pool_strides(in.v);
-  } else {
-    p.sk = detail::token_strides(in.k, s.layout);
-    p.sv = detail::token_strides(in.v, s.layout);
-  }
-  if (s.has_bias) {
-    p.bias = in.bias.data;
-    p.sbias = detail::bias_strides(in.bias);
-  }
   if (s.alibi) {
     p.slopes.resize(static_cast<std::size_t>(s.batch * s.heads_q));
     for (std::int64_t b = 0; b < s.batch; ++b) {
@@ -72,11 +47,6 @@ DecodeParams make_params(const ForwardArgs& a) {
         p.slopes[static_cast<std::size_t>(b * s.heads_q + h)] = static_cast<float>(detail::alibi_slope(s, in, b, h));
       }
     }
-  }
-  if (s.dropout_p > 0) {
-    p.dropout = true;
-    p.dropout_mask = detail::DropoutMask::make(s.dropout_seed, s.dropout_p);
-    p.dropout_scale = static_cast<float>(1.0 / (1.0 - s.dropout_p));
   }
   p.out = a.out.data;
   p.so = detail::token_strides(a.out, s.layout);

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "attend/backend.h"
+#include "core/kernel_problem.h"
 #include "core/layout.h"
-#include "core/philox.h"
 #include "core/semantics.h"
 
 namespace attend::decode {
@@ -36,26 +36,10 @@ struct SplitPlan {
 };
 SplitPlan plan_splits(const AttentionSpec& spec);
 
-struct DecodeParams {
-  std::int64_t batch = 0, heads_q = 0, heads_kv = 0, group = 1, dqk = 0, dv = 0;
-  float scale = 1.0f, softcap = 0.0f;
-  const AttentionSpec* spec = nullptr;
+struct DecodeParams : detail::KernelProblem {
   SplitPlan plan;
   std::vector<detail::SeqSpan> spans;  // per sequence
-
-  // Element type of q, k, v, bias and out (f32, bf16 or f16): the kernels are
-  // instantiated per type and read these through typed casts; all arithmetic,
-  // the partials and the LSE are f32.
-  DType dtype = DType::f32;
-  const void *q = nullptr, *k = nullptr, *v = nullptr;
-  detail::TokenStrides sq, sk, sv;  // paged: sk/sv are the pools' {page, row, head} strides
-  detail::PageTable pages;
-  const void* bias = nullptr;
-  detail::BiasStrides sbias;
-  std::vector<float> slopes;  // (B * H) ALiBi slopes; empty without ALiBi
-  bool dropout = false;
-  detail::DropoutMask dropout_mask;
-  float dropout_scale = 1.0f;
+  std::vector<float> slopes;           // (B * H) ALiBi slopes; empty without ALiBi
 
   void* out = nullptr;
   detail::TokenStrides so;

@@ -157,12 +157,7 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   std::uint32_t* dsT2 = pT2 + BN * (BM / 2);
   std::uint32_t* dsb = dsT2 + BN * (BM / 2);
 
-  const auto dq_row = [&](std::int64_t g, std::int64_t i) {
-    return dq_accum_row<S>(p, b, hk, span, scratch, g, i);
-  };
-  for (std::int64_t g = 0; g < p.group; ++g) {
-    for (std::int64_t i = 0; i < span.q_len; ++i) std::fill(dq_row(g, i), dq_row(g, i) + dqk, 0.0f);
-  }
+  zero_dq_accum<S>(p, b, hk, span, scratch);  // this task owns these dQ rows
 
   for (std::int64_t j0 = 0; j0 < span.kv_len; j0 += BN) {
     const std::int64_t n = std::min(BN, span.kv_len - j0), np = round_up(n, 32);
@@ -243,17 +238,10 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
           }
         }
         gemm(mp, dqp, np / 2, dsb, BN / 2, k2, dqp, dq_tile, dqp, false);
-        for (std::int64_t r = 0; r < m; ++r) {
-          float* dst = dq_row(g, i0 + r);
-          for (std::int64_t d = 0; d < dqk; ++d) dst[d] += dq_tile[r * dqp + d];
-        }
+        add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
       }
     }
-
-    for (std::int64_t j = 0; j < n; ++j) {
-      detail::store_row<S>(p.dk_as<bf16_t>() + p.sdk.offset(b, span.kv_begin + j0 + j, hk), dk_acc + j * dqp, dqk);
-      detail::store_row<S>(p.dv_as<bf16_t>() + p.sdv.offset(b, span.kv_begin + j0 + j, hk), dv_acc + j * dvp, dv);
-    }
+    store_kv_grads<S, bf16_t>(p, b, hk, span, j0, n, dk_acc, dqp, dv_acc, dvp);
   }
 
   store_dq_accum<S, bf16_t>(p, b, hk, span, scratch);

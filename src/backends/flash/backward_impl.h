@@ -55,6 +55,16 @@ float* dq_accum_row(const FlashParams& p, std::int64_t b, std::int64_t hk, const
   return scratch + backward_scratch_floats<S>(p.dqk, p.dv) + (g * span.q_len + i) * p.dqk;
 }
 
+template <class S>
+void zero_dq_accum(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span, float* scratch) {
+  for (std::int64_t g = 0; g < p.group; ++g) {
+    for (std::int64_t i = 0; i < span.q_len; ++i) {
+      float* row = dq_accum_row<S>(p, b, hk, span, scratch, g, i);
+      std::fill(row, row + p.dqk, 0.0f);
+    }
+  }
+}
+
 // Rounds the f32 dQ sum of task (b, hk) into dq (nothing to do when dq is f32).
 template <class S, class E>
 void store_dq_accum(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
@@ -67,6 +77,29 @@ void store_dq_accum(const FlashParams& p, std::int64_t b, std::int64_t hk, const
                              dq_accum_row<S>(p, b, hk, span, scratch, g, i), p.dqk);
       }
     }
+  }
+}
+
+// dQ rows [i0, i0 + m) of group head g += the m rows of the tile (row stride ldt).
+template <class S>
+inline void add_dq_tile(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
+                        float* scratch, std::int64_t g, std::int64_t i0, std::int64_t m, const float* tile,
+                        std::int64_t ldt) {
+  for (std::int64_t r = 0; r < m; ++r) {
+    float* dst = dq_accum_row<S>(p, b, hk, span, scratch, g, i0 + r);
+    for (std::int64_t d = 0; d < p.dqk; ++d) dst[d] += tile[r * ldt + d];
+  }
+}
+
+// dK/dV of the key block's n rows [j0, j0 + n), from their f32 accumulators
+// (row strides dqp, dvp), rounded to E once.
+template <class S, class E>
+inline void store_kv_grads(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
+                           std::int64_t j0, std::int64_t n, const float* dk_acc, std::int64_t dqp,
+                           const float* dv_acc, std::int64_t dvp) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    detail::store_row<S>(p.dk_as<E>() + p.sdk.offset(b, span.kv_begin + j0 + j, hk), dk_acc + j * dqp, p.dqk);
+    detail::store_row<S>(p.dv_as<E>() + p.sdv.offset(b, span.kv_begin + j0 + j, hk), dv_acc + j * dvp, p.dv);
   }
 }
 
@@ -94,12 +127,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
   float* dsum = dq_tile + BM * dqp;    // BM         D_i = dO_i . O_i
   float* lse = dsum + BM;              // BM
 
-  const auto dq_row = [&](std::int64_t g, std::int64_t i) {
-    return dq_accum_row<S>(p, b, hk, span, scratch, g, i);
-  };
-  for (std::int64_t g = 0; g < p.group; ++g) {  // this task owns these dQ rows
-    for (std::int64_t i = 0; i < span.q_len; ++i) std::fill(dq_row(g, i), dq_row(g, i) + dqk, 0.0f);
-  }
+  zero_dq_accum<S>(p, b, hk, span, scratch);  // this task owns these dQ rows
 
   for (std::int64_t j0 = 0; j0 < span.kv_len; j0 += BN) {
     const std::int64_t n = std::min(BN, span.kv_len - j0), n_pad = round_up(n, S::W);
@@ -163,17 +191,10 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, doblk, dvp, dv_acc, dvp, true);
         gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, qblk, dqp, dk_acc, dqp, true);
         gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, kblk, dqp, dq_tile, dqp, false);
-        for (std::int64_t r = 0; r < m; ++r) {
-          float* dst = dq_row(g, i0 + r);
-          for (std::int64_t d = 0; d < dqk; ++d) dst[d] += dq_tile[r * dqp + d];
-        }
+        add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
       }
     }
-
-    for (std::int64_t j = 0; j < n; ++j) {
-      detail::store_row<S>(p.dk_as<E>() + p.sdk.offset(b, span.kv_begin + j0 + j, hk), dk_acc + j * dqp, dqk);
-      detail::store_row<S>(p.dv_as<E>() + p.sdv.offset(b, span.kv_begin + j0 + j, hk), dv_acc + j * dvp, dv);
-    }
+    store_kv_grads<S, E>(p, b, hk, span, j0, n, dk_acc, dqp, dv_acc, dvp);
   }
 
   store_dq_accum<S, E>(p, b, hk, span, scratch);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attend/error.h"
+#include "core/f32_range.h"
 #include "core/threads.h"
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
@@ -37,6 +38,7 @@ class FlashBackend final : public Backend {
     // packed and accumulate in f32 (no upcast copy of the tensors).
     sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype,
                 "dtype=" + std::string(to_string(s.dtype)) + " is not computed by flash (f32, bf16, f16)");
+    detail::require_f32_logit_terms(s, name(), sup);
     sup.require(s.head_dim_qk <= kFlashMaxHeadDimQk, ReasonCode::head_dim_qk,
                 "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the flash limit " +
                     std::to_string(kFlashMaxHeadDimQk));

@@ -12,25 +12,14 @@
 #include "attend/backend.h"
 #include "core/layout.h"
 #include "core/philox.h"
+#include "core/kernel_problem.h"
 #include "core/semantics.h"
 
 namespace attend::flash {
 
-struct FlashParams {
-  // sizes
-  std::int64_t batch = 0, heads_q = 0, heads_kv = 0, group = 1, dqk = 0, dv = 0;
-  // logits: s = scale * q.k; softcap > 0: s = softcap * tanh(s / softcap)
-  float scale = 1.0f, softcap = 0.0f;
-  // the spec (for visible_keys) and the inputs (for sequence spans, ALiBi)
-  const AttentionSpec* spec = nullptr;
-  const Inputs* in = nullptr;
+struct FlashParams : detail::KernelProblem {
+  const Inputs* in = nullptr;  // for sequence spans and ALiBi
   bool masked = false;
-
-  DType dtype = DType::f32;
-  const void *q = nullptr, *k = nullptr, *v = nullptr;
-  detail::TokenStrides sq, sk, sv;
-  const void* bias = nullptr;
-  detail::BiasStrides sbias;
   bool alibi = false;
 
   // forward outputs / backward inputs
@@ -48,19 +37,6 @@ struct FlashParams {
   // kernels then accumulate dQ in place there instead of in a scratch sum.
   bool dq_f32 = true;
 
-  // dropout: keep mask from the shared Philox function, kept values * dropout_scale
-  bool dropout = false;
-  detail::DropoutMask dropout_mask;
-  float dropout_scale = 1.0f;
-
-  // Paged K/V (a KV cache): storage row t of sequence b (key index + kv_begin,
-  // the left padding) lives in page block_table[b * block_table_stride + t / page_size],
-  // row t % page_size of k/v tensors shaped (pages, page_size, heads_kv, dim).
-  // Null: dense/varlen.
-  const std::int32_t* block_table = nullptr;
-  std::int64_t block_table_stride = 0, page_size = 0;
-  std::int64_t page_stride_k = 0, page_stride_v = 0;  // elements between pages
-
   detail::SeqSpan span(std::int64_t b) const { return detail::sequence_span(*spec, *in, b); }
   // Typed views of the dtype-erased tensors (E must be the element type of `dtype`).
   template <class E> const E* q_as() const { return static_cast<const E*>(q); }
@@ -71,22 +47,19 @@ struct FlashParams {
   template <class E> E* dk_as() const { return static_cast<E*>(dk); }
   template <class E> E* dv_as() const { return static_cast<E*>(dv_out); }
   // Row `t` (sequence-local) of K / V for kv head hk of sequence b.
+  // (Paged: storage row t of sequence b — key index + kv_begin, the left
+  // padding — lives in row t % page_size of page block_table[b, t / page_size].)
   template <class E>
   const E* k_row(std::int64_t b, const detail::SeqSpan& s, std::int64_t t, std::int64_t hk) const {
     const E* base = static_cast<const E*>(k);
-    if (block_table) return base + paged_offset(b, s.kv_begin + t, page_stride_k, sk, hk);
+    if (pages.paged()) return base + pages.offset(sk, b, s.kv_begin + t, hk);
     return base + sk.offset(b, s.kv_begin + t, hk);
   }
   template <class E>
   const E* v_row(std::int64_t b, const detail::SeqSpan& s, std::int64_t t, std::int64_t hk) const {
     const E* base = static_cast<const E*>(v);
-    if (block_table) return base + paged_offset(b, s.kv_begin + t, page_stride_v, sv, hk);
+    if (pages.paged()) return base + pages.offset(sv, b, s.kv_begin + t, hk);
     return base + sv.offset(b, s.kv_begin + t, hk);
-  }
-  std::int64_t paged_offset(std::int64_t b, std::int64_t t, std::int64_t page_stride, const detail::TokenStrides& st,
-                            std::int64_t hk) const {
-    const std::int64_t page = block_table[b * block_table_stride + t / page_size];
-    return page * page_stride + (t % page_size) * st.s + hk * st.h;
   }
   detail::KeyRange keys(std::int64_t i, const detail::SeqSpan& s) const {
     return detail::visible_keys(*spec, i, s.q_len, s.kv_len);

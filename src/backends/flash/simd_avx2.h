@@ -36,15 +36,17 @@ struct SimdAvx2 {
   }
   static V exp(V x) {
     // exp(x) = 2^n * p(f), x*log2(e) = n + f, f in [-0.5, 0.5].
-    const V t = _mm256_max_ps(_mm256_mul_ps(x, set1(kLog2e)), set1(-126.0f));
-    const V n = _mm256_round_ps(_mm256_min_ps(t, set1(127.0f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // NaN-preserving clamps (x second: vmaxps/vminps return it when unordered).
+    const V t = _mm256_max_ps(set1(-126.0f), _mm256_mul_ps(x, set1(kLog2e)));
+    const V n = _mm256_round_ps(_mm256_min_ps(set1(127.0f), t), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const V f = _mm256_sub_ps(t, n);
     V p = set1(kExp2C[kExp2Degree]);
     for (int i = kExp2Degree - 1; i >= 0; --i) p = _mm256_fmadd_ps(p, f, set1(kExp2C[i]));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     const V r = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    // Below the clamp the true value is < 2^-126: flush to an exact 0 (masked = -inf).
-    return _mm256_and_ps(r, _mm256_cmp_ps(x, set1(kExpUnderflow), _CMP_GE_OQ));
+    // Below the clamp the true value is < 2^-126: flush to an exact 0 (masked = -inf);
+    // NaN lanes pass (unordered compare true).
+    return _mm256_and_ps(r, _mm256_cmp_ps(x, set1(kExpUnderflow), _CMP_NLT_UQ));
   }
   static V tanh(V x) {
     // tanh|x| = 1 - 2 / (exp(2|x|) + 1); sign restored from x.

@@ -28,13 +28,15 @@ struct SimdAvx512 {
   static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
   static V exp(V x) {
     // exp(x) = 2^n * p(f) via scalef, which handles the exponent without integer tricks.
-    const V t = _mm512_max_ps(_mm512_mul_ps(x, set1(kLog2e)), set1(-126.0f));
-    const V n = _mm512_roundscale_ps(_mm512_min_ps(t, set1(127.0f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // The clamps take x second (vmaxps/vminps return the second operand when
+    // either is NaN) and the flush below keeps unordered lanes: exp(NaN) = NaN.
+    const V t = _mm512_max_ps(set1(-126.0f), _mm512_mul_ps(x, set1(kLog2e)));
+    const V n = _mm512_roundscale_ps(_mm512_min_ps(set1(127.0f), t), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const V f = _mm512_sub_ps(t, n);
     V p = set1(kExp2C[kExp2Degree]);
     for (int i = kExp2Degree - 1; i >= 0; --i) p = _mm512_fmadd_ps(p, f, set1(kExp2C[i]));
     const V r = _mm512_scalef_ps(p, n);
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(kExpUnderflow), _CMP_GE_OQ), r);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(kExpUnderflow), _CMP_NLT_UQ), r);
   }
   static V tanh(V x) {
     const V ax = _mm512_abs_ps(x);
