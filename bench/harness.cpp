@@ -170,7 +170,9 @@ class Runner {
       }
       if (!have_forward) b.forward(fa);
       have_forward = true;
-      const Tensor dq = Tensor::zeros_like(in.q), dk = Tensor::zeros_like(in.k), dv = Tensor::zeros_like(in.v);
+      TensorView dq_view = in.q;
+      dq_view.dtype = s.effective_dq_dtype();  // --dq-dtype f32
+      const Tensor dq = Tensor::zeros_like(dq_view), dk = Tensor::zeros_like(in.k), dv = Tensor::zeros_like(in.v);
       const Tensor dbias = s.bias_requires_grad ? Tensor::zeros_like(in.bias) : Tensor{};
       const Scratch bwd_ws(b.workspace_bytes(s, Pass::backward));
       const BackwardArgs ba{s, in, out, lse, data.dout, dq, dk, dv,
@@ -264,6 +266,7 @@ std::string problem_label(const AttentionSpec& s) {
   if (s.has_bias) l += s.bias_requires_grad ? " bias+grad" : " bias";
   if (s.dropout_p > 0.0) l += " dropout=" + num(s.dropout_p);
   if (s.dtype != DType::f32) l += " " + std::string(to_string(s.dtype));
+  if (s.effective_dq_dtype() != s.dtype) l += " dq=" + std::string(to_string(s.effective_dq_dtype()));
   if (s.layout != Layout::bshd && !s.varlen()) l += " " + std::string(to_string(s.layout));
   return l;
 }
