@@ -87,10 +87,11 @@ Tensor cu_seqlens(const std::vector<std::int64_t>& lens, const char* what) {
 }
 
 // --kv-cache: the tokens (random or from --k/--v as (B, max cached, Hkv, D))
-// are appended to an attend::KVCache, sequence b getting its first cache_lens[b].
+// are appended to an attend::KVCache, sequence b getting its first cache_len(b).
 void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
   const AttentionSpec& s = p.spec;
-  const std::int64_t stored = std::max<std::int64_t>(1, *std::max_element(p.cache_lens.begin(), p.cache_lens.end()));
+  const std::int64_t stored = std::max<std::int64_t>(
+      1, p.cache_lens.empty() ? s.seqlen_kv : *std::max_element(p.cache_lens.begin(), p.cache_lens.end()));
   d.k = input(src.k, "k", s.dtype, {s.batch, stored, s.heads_kv, s.head_dim_qk}, src.seed, 2);
   d.v = input(src.v, "v", s.dtype, {s.batch, stored, s.heads_kv, s.head_dim_v}, src.seed, 3);
   attend::KVCacheConfig c;
@@ -102,8 +103,8 @@ void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
   c.page_size = s.kv_page_size;
   c.dtype = s.dtype;
   attend::KVCache cache(c);
-  cache.append(d.k, d.v, p.cache_lens);
-  for (std::int64_t b = 0; b < s.batch; ++b) cache.set_leftpad(b, p.cache_pads[static_cast<std::size_t>(b)]);
+  cache.append(d.k, d.v, p.cache_lens);  // empty: every sequence gets all `stored` (= seqlen_kv) tokens
+  for (std::int64_t b = 0; b < s.batch; ++b) cache.set_leftpad(b, p.cache_pad(b));
   // Tensors share storage: these keep the pages alive after the cache object goes.
   d.k_pool = cache.k_pages();
   d.v_pool = cache.v_pages();

@@ -126,18 +126,26 @@ void set_kv_cache(const ProblemFlags& f, Problem& p) {
   if (s.varlen()) fail("--kv-cache", "set", "queries over a KV cache are dense: drop --varlen-q/--varlen-kv");
   if (f.bias != "none") fail("--bias", f.bias, "a bias is not supported with --kv-cache");
   if ((f.page_size & (f.page_size - 1)) != 0) fail("--page-size", std::to_string(f.page_size), "must be a power of two");
-  const std::size_t n = static_cast<std::size_t>(s.batch);
-  p.cache_lens = f.cache_seqlens.empty() ? std::vector<std::int64_t>(n, s.seqlen_kv) : f.cache_seqlens;
-  p.cache_pads = f.cache_leftpad.empty() ? std::vector<std::int64_t>(n, 0) : f.cache_leftpad;
-  if (p.cache_lens.size() != n) fail("--cache-seqlens", std::to_string(p.cache_lens.size()) + " lengths", "needs one per sequence (--batch)");
-  if (p.cache_pads.size() != n) fail("--cache-leftpad", std::to_string(p.cache_pads.size()) + " values", "needs one per sequence (--batch)");
-  s.seqlen_kv = 0;
-  for (std::size_t b = 0; b < n; ++b) {
-    if (p.cache_pads[b] > p.cache_lens[b]) {
-      fail("--cache-leftpad", std::to_string(p.cache_pads[b]), "exceeds sequence " + std::to_string(b) + "'s cached tokens");
+  p.cache_lens = f.cache_seqlens;
+  p.cache_pads = f.cache_leftpad;
+  const auto per_sequence = [&](const std::vector<std::int64_t>& v, const char* flag, const char* what) {
+    if (!v.empty() && static_cast<std::int64_t>(v.size()) != s.batch) {
+      fail(flag, std::to_string(v.size()) + what, "needs one per sequence (--batch)");
     }
-    s.seqlen_kv = std::max(s.seqlen_kv, p.cache_lens[b] - p.cache_pads[b]);
-    s.kv_leftpad = s.kv_leftpad || p.cache_pads[b] > 0;
+  };
+  per_sequence(p.cache_lens, "--cache-seqlens", " lengths");
+  per_sequence(p.cache_pads, "--cache-leftpad", " values");
+  if (!p.cache_lens.empty() || !p.cache_pads.empty()) {  // then batch is the lists' length
+    const std::int64_t default_len = s.seqlen_kv;
+    s.seqlen_kv = 0;
+    for (std::int64_t b = 0; b < s.batch; ++b) {
+      const std::int64_t len = p.cache_lens.empty() ? default_len : p.cache_lens[static_cast<std::size_t>(b)];
+      const std::int64_t pad = p.cache_pad(b);
+      if (pad > len) fail("--cache-leftpad", std::to_string(pad), "exceeds sequence " + std::to_string(b) + "'s cached tokens");
+      s.seqlen_kv = std::max(s.seqlen_kv, len - pad);
+      s.kv_leftpad = s.kv_leftpad || pad > 0;
+    }
+    if (p.cache_lens.empty()) p.cache_lens.assign(static_cast<std::size_t>(s.batch), default_len);
   }
   s.kv_page_size = f.page_size;
 }

@@ -51,7 +51,14 @@ struct Problem {
   attend::Policy policy;
   std::vector<std::int64_t> lens_q, lens_kv;  // varlen: per-sequence lengths
   std::int64_t bias_batch = 0, bias_heads = 0;  // has_bias: leading dims of bias (1|B, 1|H)
-  std::vector<std::int64_t> cache_lens, cache_pads;  // spec.paged(): stored tokens and left padding per sequence
+  // spec.paged(): stored tokens and left padding per sequence, as given; empty:
+  // every sequence stores spec.seqlen_kv tokens, unpadded (not materialised here,
+  // so a huge --batch costs nothing before the problem's sizes are checked).
+  std::vector<std::int64_t> cache_lens, cache_pads;
+  std::int64_t cache_len(std::int64_t b) const {
+    return cache_lens.empty() ? spec.seqlen_kv : cache_lens[static_cast<std::size_t>(b)];
+  }
+  std::int64_t cache_pad(std::int64_t b) const { return cache_pads.empty() ? 0 : cache_pads[static_cast<std::size_t>(b)]; }
 };
 
 // Builds and validates the problem; throws attend::Error (bad values, unknown
