@@ -128,7 +128,7 @@ void dbias_task(const BackwardCtx<T, Acc>& c, std::int64_t bb, std::int64_t hb, 
       }
     }
   }
-  for (std::int64_t i = 0; i < lq; ++i) {
+  for (std::int64_t i = 0; lk > 0 && i < lq; ++i) {  // lk = 0: an empty dbias, any strides
     T* db = dbias.as<T>() + c.dbs.offset(bb, hb, i);
     for (std::int64_t j = 0; j < lk; ++j) db[j] = static_cast<T>(slice[i * lk + j]);
   }

@@ -258,8 +258,11 @@ void logits(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, Acc* S, A
     Acc* row = S + i * sk;
     std::fill_n(row, sk, static_cast<Acc>(kNegInf));
     const T* qi = pr.q + pr.qs.offset(b, sp.q_begin + i, h);
-    const T* bi = pr.bias ? pr.bias + pr.bs.offset(b, h, i) : nullptr;
     const KeyRange r = pr.keys(b, i);
+    // Only a row with keys addresses the bias: with seqlen_kv = 0 the bias is
+    // empty and validation (rightly) accepts any strides, so offset(b, h, i)
+    // could overflow a pointer even though nothing would be read.
+    const T* bi = pr.bias && r.end > r.begin ? pr.bias + pr.bs.offset(b, h, i) : nullptr;
     for (std::int64_t j = r.begin; j < r.end; ++j) {
       const Acc x = pr.rnd(pr.scale * dot<Acc>(qi, pr.k_row(b, j, kvh), pr.dqk));
       Acc s = x;
