@@ -11,7 +11,6 @@
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
-#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -238,7 +237,6 @@ struct CacheCase {
 class KVCacheAttention : public KVCacheTest, public ::testing::WithParamInterface<CacheCase> {};
 
 TEST_P(KVCacheAttention, MatchesReferenceOnAGatheredDenseCopy) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const CacheCase& cc = GetParam();
   KVCache cache(config(3, cc.page, 700));
   Shadow sh;
@@ -285,7 +283,6 @@ struct HalfCacheCase {
 class KVCacheHalf : public KVCacheTest, public ::testing::WithParamInterface<HalfCacheCase> {};
 
 TEST_P(KVCacheHalf, MatchesReferenceOnTheSameRoundedValues) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const HalfCacheCase& hc = GetParam();
   KVCacheConfig c = config(2, hc.page, 400);
   c.dtype = hc.dtype;

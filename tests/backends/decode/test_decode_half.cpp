@@ -13,7 +13,6 @@
 #include "attend/backends/flash.h"
 #include "backends/decode/paged_problem.h"
 #include "support/half_baseline.h"
-#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -66,7 +65,6 @@ std::vector<HalfCase> cases() {
 class DecodeHalf : public ::testing::TestWithParam<std::tuple<HalfCase, DType>> {};
 
 TEST_P(DecodeHalf, MatchesReferenceWithinBaselineAndEqualsF32KernelOnWidenedInputs) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const auto& [c, dt] = GetParam();
   testing::Problem p32;
   testing::PagedProblem pp;

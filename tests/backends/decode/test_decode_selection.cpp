@@ -16,7 +16,6 @@
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
 #include "backends/decode/paged_problem.h"
-#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -75,7 +74,6 @@ void expect_matches_reference(const testing::Problem& p, const ForwardResult& fw
 }
 
 TEST_P(RealBackends, InferenceOnDecodeShapeSelectsDecodeAndMatchesReference) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const testing::Problem p = testing::make_problem(shape(true), 21);
   EXPECT_EQ(select(p.spec, Mode::inference).backend->name(), "decode");
   const ForwardResult fwd = forward(p.inputs, p.spec, Mode::inference);
@@ -84,7 +82,6 @@ TEST_P(RealBackends, InferenceOnDecodeShapeSelectsDecodeAndMatchesReference) {
 }
 
 TEST_P(RealBackends, TrainingRejectsDecodeForNoBackwardAndTrainsOnABackendWithOne) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   for (const bool decode_shaped : {true, false}) {
     const testing::Problem p = testing::make_problem(shape(decode_shaped), 22);
     const Selection sel = select(p.spec, Mode::training);
@@ -102,7 +99,6 @@ TEST_P(RealBackends, TrainingRejectsDecodeForNoBackwardAndTrainsOnABackendWithOn
 }
 
 TEST_P(RealBackends, InferenceOnPrefillShapeDeclinesDecodeForItsSeqlen) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const testing::Problem p = testing::make_problem(shape(false), 23);
   const Selection sel = select(p.spec, Mode::inference);
   EXPECT_TRUE(has_code(verdict(sel, "decode").forward, ReasonCode::seqlen));
@@ -111,7 +107,6 @@ TEST_P(RealBackends, InferenceOnPrefillShapeDeclinesDecodeForItsSeqlen) {
 }
 
 TEST_P(RealBackends, DisablingDecodeFallsBackToTheNextViableBackendWithTheSameResults) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const testing::Problem p = testing::make_problem(shape(true), 24);
   const ForwardResult with_decode = forward(p.inputs, p.spec, Mode::inference);
   ASSERT_EQ(with_decode.ctx.backend().name(), "decode");
@@ -251,7 +246,6 @@ RandomCase random_case(std::mt19937_64& rng) {
 }
 
 TEST(SelectorKernelAgreement, SelectedBackendsRunAndMatchAndDeclinedOnesRaise) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   Registry::global().reset_to_builtins();
   set_policy(Policy{});
   std::mt19937_64 rng(20240611);

@@ -14,7 +14,6 @@
 #include "attend/backends/reference.h"
 #include "backends/decode/paged_problem.h"
 #include "support/feature_case.h"
-#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -34,7 +33,6 @@ AttentionSpec spec_of(const DecodeCase& c) { return c.spec(77); }
 class DecodeVsReference : public ::testing::TestWithParam<DecodeCase> {};
 
 TEST_P(DecodeVsReference, ForwardWithinSamePrecisionBaseline) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const DecodeCase& c = GetParam();
   testing::Problem p32, p64;
   testing::PagedProblem pp;  // owns the block table and lengths the inputs view
@@ -156,7 +154,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, DecodeVsReference, ::testing::ValuesIn(cases()),
 });
 
 TEST(DecodeBehaviour, ResultIsBitwiseIdenticalForAnyThreadCount) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   AttentionSpec s = spec_of(make("t", 2, 3000, 64, 64));
   s.causal = true;
   const testing::Problem p = testing::make_problem(s, 8);
@@ -187,7 +184,6 @@ TEST(DecodeBehaviour, CheckDeclinesBackwardLongQueryBlocksAndOtherDtypes) {
 }
 
 TEST(DecodeBehaviour, CallingBackwardDirectlyIsAnErrorNotACrash) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const testing::Problem p = testing::make_problem(spec_of(make("t", 1, 50, 16, 16)), 3);
   EXPECT_THROW((void)testing::run_backend(*make_decode_backend(), p, true), Error);
 }

@@ -9,7 +9,6 @@
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
-#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -28,7 +27,6 @@ AttentionSpec spec(std::int64_t sq, std::int64_t sk, std::int64_t d) {
 }
 
 TEST(FlashBehaviour, ActiveIsaFollowsAttendIsa) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const char* forced = std::getenv("ATTEND_ISA");
   if (forced && *forced) {
     EXPECT_EQ(flash_active_isa(), forced);
@@ -39,7 +37,6 @@ TEST(FlashBehaviour, ActiveIsaFollowsAttendIsa) {
 }
 
 TEST(FlashBehaviour, BackwardIsBitwiseReproducibleAcrossRuns) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   AttentionSpec s = spec(150, 190, 64);
   s.causal = true;
   s.dropout_p = 0.1;
@@ -57,7 +54,6 @@ TEST(FlashBehaviour, BackwardIsBitwiseReproducibleAcrossRuns) {
 }
 
 TEST(FlashBehaviour, DeterministicResultsAreIdenticalAcrossThreadCounts) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   AttentionSpec s = spec(130, 140, 48);
   s.deterministic = true;
   const auto p = testing::make_problem(s, 4);
@@ -75,7 +71,6 @@ TEST(FlashBehaviour, DeterministicResultsAreIdenticalAcrossThreadCounts) {
 }
 
 TEST(FlashBehaviour, StridedInputsGiveTheSameResultAsContiguous) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const AttentionSpec s = spec(70, 90, 40);
   const auto p = testing::make_problem(s, 5);
   // q with padded rows: each (b, s, h) row sits in a 48-float slot.
@@ -129,7 +124,6 @@ class FlashSelection : public ::testing::Test {
 };
 
 TEST_F(FlashSelection, FlashIsPreferredForF32AndReferenceForF64) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   EXPECT_EQ(select(spec(64, 64, 64), Mode::training).backend->name(), "flash");
   AttentionSpec d = spec(64, 64, 64);
   d.dtype = DType::f64;
@@ -139,7 +133,6 @@ TEST_F(FlashSelection, FlashIsPreferredForF32AndReferenceForF64) {
 }
 
 TEST_F(FlashSelection, TrainingWithBiasGradientFallsBackToReferenceWithReason) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   AttentionSpec s = spec(33, 47, 16);
   s.has_bias = s.bias_requires_grad = true;
   const Selection train = select(s, Mode::training);
@@ -155,7 +148,6 @@ TEST_F(FlashSelection, TrainingWithBiasGradientFallsBackToReferenceWithReason) {
 }
 
 TEST_F(FlashSelection, MlaTrainingRunsOnFlashEndToEnd) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   AttentionSpec s = spec(100, 100, 192);
   s.head_dim_v = 128;
   s.causal = true;

@@ -15,7 +15,6 @@
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
 #include "support/half_baseline.h"
-#include "support/isa.h"
 #include "support/tensors.h"
 
 namespace attend {
@@ -75,7 +74,6 @@ std::vector<HalfCase> cases() {
 class FlashHalf : public ::testing::TestWithParam<std::tuple<HalfCase, DType>> {};
 
 TEST_P(FlashHalf, ForwardAndGradientsWithinSamePrecisionBaseline) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const auto& [c, dt] = GetParam();
   const testing::Problem half = testing::problem_as(testing::make_problem(c.spec, 21, c.lens_q, c.lens_kv), dt);
   const auto flash = make_flash_backend();
@@ -93,7 +91,6 @@ TEST_P(FlashHalf, ForwardAndGradientsWithinSamePrecisionBaseline) {
 // widened inputs (the avx512bf16/avx512amx families' bf16 forward GEMMs round
 // P to bf16 instead: their accuracy is what the baseline test above checks).
 TEST_P(FlashHalf, ConversionPathEqualsF32KernelOnWidenedInputs) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const auto& [c, dt] = GetParam();
   const std::string_view isa = flash_active_isa();
   if (dt == DType::bf16 && (isa == "avx512bf16" || isa == "avx512amx")) GTEST_SKIP() << "bf16 forward on bf16 GEMMs";
@@ -118,7 +115,6 @@ TEST_P(FlashHalf, ConversionPathEqualsF32KernelOnWidenedInputs) {
 }
 
 TEST_P(FlashHalf, F32DqIsTheUnroundedDefault) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   const auto& [c, dt] = GetParam();
   const testing::Problem half = testing::problem_as(testing::make_problem(c.spec, 23, c.lens_q, c.lens_kv), dt);
   testing::expect_f32_dq_is_the_unrounded_default(*make_flash_backend(), half);
@@ -149,7 +145,6 @@ TensorView nan_padded(const Tensor& t, std::int64_t pad, Tensor& storage) {
 // Kernels read exactly the rows' elements: NaNs right after each row (where a
 // padded pair or a vector tail could reach) change no bit of any result.
 TEST(FlashHalfStrided, ValuesBetweenRowsNeverReachResults) {
-  SKIP_IF_FORCED_ISA_UNAVAILABLE();
   for (DType dt : {DType::bf16, DType::f16}) {
     AttentionSpec s = base(70, 90, 40, 24);
     s.batch = 2;
