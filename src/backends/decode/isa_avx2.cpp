@@ -10,16 +10,16 @@
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
 #include "core/half.h"
+#include "core/target_region.h"
 #include <immintrin.h>
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,bmi,bmi2,f16c")
+ATTEND_TARGET_REGION_BEGIN("avx2,fma,bmi,bmi2,f16c")
 
 #define ATTEND_DECODE_ISA isa_avx2
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx2
 #include "backends/flash/simd_avx2.h"
 #include "backends/decode/decode_impl.h"
-#pragma GCC pop_options
+ATTEND_TARGET_REGION_END()
 
 namespace attend::decode {
 

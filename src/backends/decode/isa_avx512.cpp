@@ -10,21 +10,18 @@
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
 #include "core/half.h"
+#include "core/target_region.h"
 #include <immintrin.h>
 
-#pragma GCC push_options
-// GCC 12 flags _mm512_reduce_*_ps (built on _mm512_undefined_ps) as (maybe-)uninitialized.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c")
+ATTEND_AVX512_WARNINGS_BEGIN()
+ATTEND_TARGET_REGION_BEGIN("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c")
 
 #define ATTEND_DECODE_ISA isa_avx512
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx512
 #include "backends/flash/simd_avx512.h"
 #include "backends/decode/decode_impl.h"
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
+ATTEND_TARGET_REGION_END()
+ATTEND_AVX512_WARNINGS_END()
 
 namespace attend::decode {
 

@@ -12,10 +12,10 @@
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
 #include "core/half.h"
+#include "core/target_region.h"
 #include <immintrin.h>
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,bmi,bmi2,f16c")
+ATTEND_TARGET_REGION_BEGIN("avx2,fma,bmi,bmi2,f16c")
 
 #define ATTEND_FLASH_ISA isa_avx2
 #include "backends/flash/simd_avx2.h"
@@ -23,7 +23,7 @@
 #include "backends/flash/logits_tile.h"
 #include "backends/flash/forward_impl.h"
 #include "backends/flash/backward_impl.h"
-#pragma GCC pop_options
+ATTEND_TARGET_REGION_END()
 
 namespace attend::flash {
 

@@ -13,15 +13,11 @@
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
 #include "core/half.h"
+#include "core/target_region.h"
 #include <immintrin.h>
 
-#pragma GCC push_options
-// GCC 12 flags _mm512_reduce_*_ps and the unpack intrinsics (built on _mm512_undefined_*)
-// as (maybe-)uninitialized.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c")
+ATTEND_AVX512_WARNINGS_BEGIN()
+ATTEND_TARGET_REGION_BEGIN("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c")
 
 #define ATTEND_FLASH_ISA isa_avx512
 #include "backends/flash/simd_avx512.h"
@@ -29,19 +25,18 @@
 #include "backends/flash/logits_tile.h"
 #include "backends/flash/forward_impl.h"
 #include "backends/flash/backward_impl.h"
-// The bf16 forwards of the avx512bf16 and avx512amx families: the same region
-// plus AVX512-BF16 and AMX. Reached only through kernels_avx512bf16() and
+ATTEND_TARGET_REGION_END()
+// The bf16 kernels of the avx512bf16 and avx512amx families: the same
+// instructions plus AVX512-BF16 and AMX. Reached only through kernels_avx512bf16() and
 // kernels_avx512amx(), which dispatch.cpp hands out only when the CPU (and, for
 // AMX, the OS) allows them; the compiler never emits these instructions itself.
-#pragma GCC push_options
-#pragma GCC target("avx512bf16,amx-tile,amx-bf16")
+ATTEND_TARGET_REGION_BEGIN("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c,avx512bf16,amx-tile,amx-bf16")
 #include "backends/flash/gemm_bf16.h"
 #include "backends/flash/gemm_amx.h"
 #include "backends/flash/forward_bf16_impl.h"
 #include "backends/flash/backward_bf16_impl.h"
-#pragma GCC pop_options
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
+ATTEND_TARGET_REGION_END()
+ATTEND_AVX512_WARNINGS_END()
 
 namespace attend::flash {
 
