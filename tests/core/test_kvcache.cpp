@@ -270,7 +270,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(CacheCase{64, 1, 4, true, false, -1, 0, "decode"}, CacheCase{1, 1, 2, false, false, -1, 0, "decode"},
                       CacheCase{16, 3, 8, true, true, 100, 0, "decode"}, CacheCase{4, 2, 4, true, false, -1, 8.0, "decode"},
                       // prefill: a query block too long for decode runs on flash, from the same pages
-                      CacheCase{64, 40, 4, true, false, -1, 0, "flash"}, CacheCase{8, 33, 2, true, true, 64, 0, "flash"}));
+                      CacheCase{64, 40, 4, true, false, -1, 0, "flash"}, CacheCase{8, 33, 2, true, true, 64, 0, "flash"}),
+    [](const ::testing::TestParamInfo<CacheCase>& param_info) {
+      const CacheCase& c = param_info.param;
+      return std::string(c.backend) + "_page" + std::to_string(c.page) + "_sq" + std::to_string(c.sq) + "_h" +
+             std::to_string(c.heads_q) + (c.causal ? "_causal" : "") + (c.alibi ? "_alibi" : "") +
+             (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "") + (c.softcap > 0 ? "_softcap" : "");
+    });
 
 // bf16/f16 caches: pages in the cache's dtype, read by decode (single queries)
 // and by flash (prefill) against the f64 reference on the same rounded values.
@@ -306,7 +312,12 @@ TEST_P(KVCacheHalf, MatchesReferenceOnTheSameRoundedValues) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, KVCacheHalf,
                          ::testing::Values(HalfCacheCase{DType::bf16, 16, 1, "decode"}, HalfCacheCase{DType::f16, 64, 4, "decode"},
-                                           HalfCacheCase{DType::bf16, 8, 40, "flash"}, HalfCacheCase{DType::f16, 32, 33, "flash"}));
+                                           HalfCacheCase{DType::bf16, 8, 40, "flash"}, HalfCacheCase{DType::f16, 32, 33, "flash"}),
+                         [](const ::testing::TestParamInfo<HalfCacheCase>& param_info) {
+                           const HalfCacheCase& c = param_info.param;
+                           return std::string(c.backend) + "_" + std::string(to_string(c.dtype)) + "_page" +
+                                  std::to_string(c.page) + "_sq" + std::to_string(c.sq);
+                         });
 
 TEST_F(KVCacheTest, HalfCacheTakesOnlyItsOwnDtype) {
   KVCacheConfig c = config(2, 16, 64);
