@@ -35,10 +35,16 @@ struct Reason {
 // The answer of Backend::check for one pass: supported, or why not.
 struct Support {
   std::vector<Reason> reasons;  // empty <=> supported
+  // How a supported pass will run, where the caller should know it (e.g. a half
+  // dtype computed at f32 speed, or an upcasting baseline): shown with the
+  // verdict, never a reason to decline.
+  std::vector<std::string> notes;
   bool ok() const { return reasons.empty(); }
   explicit operator bool() const { return ok(); }
   // Adds a reason when `condition` is false; returns *this for chaining.
   Support& require(bool condition, ReasonCode code, std::string message);
+  // Adds a note; returns *this for chaining.
+  Support& note(std::string message);
   std::string to_string() const;  // reasons joined with "; " (or "ok")
 };
 

@@ -47,7 +47,9 @@ struct Selection {
   std::string spec_summary;                // describe(spec)
   std::vector<Verdict> verdicts;           // one per registered backend, priority order
 
-  // A table: backend | priority | forward | backward | verdict / reasons.
+  // A table: backend | priority | forward | backward | verdict, then under each
+  // backend its reasons ("- pass: ...") and the notes of its supported passes
+  // ("note pass: ...", Support::notes).
   std::string explain() const;
   // The same content as JSON (for the CLI's --json and bindings).
   std::string to_json() const;

@@ -53,7 +53,8 @@ class Explanation:
 
     ``str(e)`` / ``e.table`` is the table the CLI prints; ``e.data`` the same as a
     dict (``problem``, ``mode``, ``selected``, ``backends``: per backend its
-    ``forward``/``backward`` support with reasons, ``viable``, ``chosen``);
+    ``forward``/``backward`` support with ``reasons`` and ``notes`` — how a supported
+    pass will run, e.g. bf16 widened to f32 —, ``viable``, ``chosen``);
     ``e.selected`` the chosen backend's name, or None when nothing fits.
     """
 

@@ -8,6 +8,7 @@ emulate it the same way)."""
 import pytest
 import torch
 
+import attend
 import attend.torch as at
 from attend.torch import scaled_dot_product_attention as sdpa
 from conftest import math_attention, randn
@@ -80,3 +81,17 @@ def test_half_decode_shapes_select_decode_and_match(dtype):
     assert out.dtype == dtype and at.last_selection().selected == "decode"
     kk, vv = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
     within("out", out, math_attention(q, kk, vv, upcast=True), naive_half(q, kk, vv), 2)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_explain_notes_how_flash_runs_a_half_dtype(dtype):
+    e = attend.explain(batch=1, seqlen_q=64, seqlen_kv=64, heads_q=2, heads_kv=2,
+                       head_dim_qk=32, head_dim_v=32, dtype=dtype, mode="training")
+    assert e.selected == "flash"
+    flash = e.verdicts["flash"]
+    for p in ("forward", "backward"):
+        (note,) = flash[p]["notes"]
+        assert note.startswith(f"dtype={dtype}: ") and ("widened to f32" in note or "GEMMs on" in note), note
+        assert f"note {p}: {note}" in e.table
+    assert e.verdicts["reference"]["forward"]["notes"] == [
+        f"dtype={dtype}: upcast element by element to f64 (a correctness baseline, not a fast path)"]

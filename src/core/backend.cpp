@@ -37,6 +37,11 @@ Support& Support::require(bool condition, ReasonCode code, std::string message) 
   return *this;
 }
 
+Support& Support::note(std::string message) {
+  notes.push_back(std::move(message));
+  return *this;
+}
+
 std::string Support::to_string() const {
   if (ok()) return "ok";
   std::string s;

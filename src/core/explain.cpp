@@ -54,6 +54,8 @@ std::string support_json(const Support& s) {
     out += (i ? ", " : "") + std::string("{\"code\": \"") + std::string(to_string(s.reasons[i].code)) +
            "\", \"message\": \"" + json_escape(s.reasons[i].message) + "\"}";
   }
+  out += "], \"notes\": [";
+  for (std::size_t i = 0; i < s.notes.size(); ++i) out += (i ? ", \"" : "\"") + json_escape(s.notes[i]) + "\"";
   return out + "]}";
 }
 
@@ -70,10 +72,13 @@ std::string Selection::explain() const {
   for (const auto& v : verdicts) {
     out += pad(v.backend, name_w) + pad(std::to_string(v.priority), 10) + pad(pass_cell(v.forward), 9) +
            pad(pass_cell(v.backward), 10) + verdict_cell(v) + "\n";
+    // Reasons of a declined pass; notes only of a supported one (how it will run).
     const auto reasons = [&](const char* pass, const Support& s) {
       for (const Reason& r : s.reasons) {
         out += std::string(name_w, ' ') + "- " + pass + ": " + r.message + " [" + std::string(to_string(r.code)) + "]\n";
       }
+      if (!s.ok()) return;
+      for (const std::string& n : s.notes) out += std::string(name_w, ' ') + "note " + pass + ": " + n + "\n";
     };
     reasons("forward", v.forward);
     if (v.backward) reasons("backward", *v.backward);

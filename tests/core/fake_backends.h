@@ -41,6 +41,8 @@ class ForwardOnlyMismatchBackend final : public Backend {
       sup.require(s.head_dim_v <= 256, ReasonCode::head_dim_v,
                   "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the backward limit 256");
     }
+    // Every pass says how it runs, so tests can see which notes an explanation shows.
+    sup.note(std::string(to_string(pass)) + " computed through the reference (a test backend)");
     return sup;
   }
 

@@ -238,6 +238,25 @@ TEST_F(SelectTest, JsonListsEveryBackendWithReasons) {
   EXPECT_NE(json.find("\"mode\": \"training\""), std::string::npos) << json;
 }
 
+TEST_F(SelectTest, ExplanationShowsTheNotesOfSupportedPassesOnly) {
+  // (192, 128): fa3_like supports forward only, so only its forward note is shown...
+  const Selection mla = select(mla_spec(192, 128), Mode::training);
+  const std::string text = mla.explain();
+  EXPECT_NE(text.find("note forward: forward computed through the reference (a test backend)\n"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("note backward:"), std::string::npos) << text;
+  // ...while the JSON keeps every pass's notes as data.
+  const std::string json = mla.to_json();
+  EXPECT_NE(json.find("\"notes\": [\"backward computed through the reference (a test backend)\"]"), std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"notes\": []"), std::string::npos) << json;  // the reference's f64 passes
+
+  // (128, 128): both passes supported, both notes shown.
+  const std::string square = select(mla_spec(128, 128), Mode::training).explain();
+  EXPECT_NE(square.find("note forward: forward computed"), std::string::npos) << square;
+  EXPECT_NE(square.find("note backward: backward computed"), std::string::npos) << square;
+}
+
 TEST_F(SelectTest, InfoLogPrintsEachDistinctSelectionOnce) {
   Policy pol;
   pol.log = LogLevel::info;

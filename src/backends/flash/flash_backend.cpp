@@ -28,6 +28,28 @@ std::int64_t dq_accum_floats(const AttentionSpec& s) {
   return s.effective_dq_dtype() == DType::f32 ? 0 : s.group_size() * s.seqlen_q * s.head_dim_qk;
 }
 
+// How the active kernel family computes a half dtype, said in check() so that a
+// bf16/f16 problem never runs at f32 speed without the explanation telling.
+// Without a usable family (an invalid ATTEND_ISA) there is nothing to say: the
+// run is the error that names ATTEND_ISA.
+void note_half_path(const AttentionSpec& s, Support& sup) {
+  if (s.dtype != DType::bf16 && s.dtype != DType::f16) return;
+  std::string isa;
+  try {
+    isa = flash::active_kernels().isa;
+  } catch (const Error&) {
+    return;
+  }
+  const std::string dtype(to_string(s.dtype));
+  if (s.dtype == DType::bf16 && (isa == "avx512amx" || isa == "avx512bf16")) {
+    sup.note("dtype=bf16: GEMMs on " + std::string(isa == "avx512amx" ? "AMX-BF16 tiles" : "AVX512-BF16 (vdpbf16ps)") +
+             " (kernel family " + isa + "), f32 softmax and accumulators");
+  } else {
+    sup.note("dtype=" + dtype + ": widened to f32 as tiles are packed (kernel family " + isa + " has no " + dtype +
+             " GEMM instructions), about the f32 kernels' speed");
+  }
+}
+
 class FlashBackend final : public Backend {
  public:
   std::string_view name() const override { return "flash"; }
@@ -39,6 +61,7 @@ class FlashBackend final : public Backend {
     sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype,
                 "dtype=" + std::string(to_string(s.dtype)) + " is not computed by flash (f32, bf16, f16)");
     detail::require_f32_logit_terms(s, name(), sup);
+    note_half_path(s, sup);
     sup.require(s.head_dim_qk <= kFlashMaxHeadDimQk, ReasonCode::head_dim_qk,
                 "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the flash limit " +
                     std::to_string(kFlashMaxHeadDimQk));

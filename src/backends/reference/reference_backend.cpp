@@ -23,6 +23,10 @@ class ReferenceBackend final : public Backend {
     s.require(computed, ReasonCode::dtype,
               "dtype=" + std::string(to_string(spec.dtype)) +
                   " is not computed by reference (f32, f64; bf16 and f16 upcast to the accumulation type)");
+    if (spec.dtype == DType::bf16 || spec.dtype == DType::f16) {
+      s.note("dtype=" + std::string(to_string(spec.dtype)) + ": upcast element by element to " +
+             (options_.accumulate_f64 ? "f64" : "f32") + " (a correctness baseline, not a fast path)");
+    }
     if (pass == Pass::backward) {
       s.require(!spec.paged(), ReasonCode::layout,
                 "kv_page_size=" + std::to_string(spec.kv_page_size) +

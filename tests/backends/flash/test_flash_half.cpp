@@ -201,10 +201,35 @@ TEST(FlashHalfCheck, ChecksStateEachDtypeAndPass) {
   s.dtype = DType::f64;
   for (Pass pass : {Pass::forward, Pass::backward}) {
     const Support sup = flash->check(s, pass);
+    EXPECT_TRUE(sup.notes.empty());
     ASSERT_EQ(sup.reasons.size(), 1u);
     EXPECT_EQ(sup.reasons[0].code, ReasonCode::dtype);
     EXPECT_NE(sup.reasons[0].message.find("dtype=f64"), std::string::npos) << sup.reasons[0].message;
     EXPECT_NE(sup.reasons[0].message.find("f32, bf16, f16"), std::string::npos) << sup.reasons[0].message;
+  }
+}
+
+// A half dtype never runs at f32 speed silently: each pass's check says whether
+// it runs on bf16 GEMM instructions or widened on the active family's f32 kernels.
+TEST(FlashHalfCheck, NotesSayHowEachHalfDtypeRuns) {
+  const auto flash = make_flash_backend();
+  const std::string isa(flash_active_isa());
+  const bool bf16_gemm = isa == "avx512amx" || isa == "avx512bf16";
+  AttentionSpec s = base(64, 64, 64, 64);
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    s.dtype = DType::f32;
+    EXPECT_TRUE(flash->check(s, pass).notes.empty());
+    for (DType dt : {DType::bf16, DType::f16}) {
+      s.dtype = dt;
+      const Support sup = flash->check(s, pass);
+      ASSERT_EQ(sup.notes.size(), 1u) << to_string(dt);
+      const std::string& note = sup.notes[0];
+      EXPECT_NE(note.find("dtype=" + std::string(to_string(dt))), std::string::npos) << note;
+      EXPECT_NE(note.find("kernel family " + isa), std::string::npos) << note;
+      const bool widened = dt == DType::f16 || !bf16_gemm;
+      EXPECT_EQ(note.find("widened to f32") != std::string::npos, widened) << note;
+      EXPECT_EQ(note.find("GEMMs on") != std::string::npos, !widened) << note;
+    }
   }
 }
 

@@ -73,11 +73,23 @@ TEST_P(ReferenceHalf, F32DqIsTheF64GradientRoundedToF32) {
   EXPECT_TRUE(testing::bitwise_equal(got.dq, testing::convert(want.dq, DType::f32)));
 }
 
-TEST(ReferenceHalfCheck, HalfDtypesAreSupportedInBothPasses) {
+TEST(ReferenceHalfCheck, HalfDtypesAreSupportedInBothPassesAndSaySoAreUpcast) {
   const auto ref = make_reference_backend();
-  for (DType dt : {DType::bf16, DType::f16}) {
-    EXPECT_TRUE(ref->check(small_spec(dt), Pass::forward).ok());
-    EXPECT_TRUE(ref->check(small_spec(dt), Pass::backward).ok());
+  ReferenceOptions f32_options;
+  f32_options.accumulate_f64 = false;
+  const auto ref32 = make_reference_backend(f32_options);
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    for (DType dt : {DType::bf16, DType::f16}) {
+      const Support sup = ref->check(small_spec(dt), pass);
+      EXPECT_TRUE(sup.ok());
+      ASSERT_EQ(sup.notes.size(), 1u);
+      EXPECT_EQ(sup.notes[0], "dtype=" + std::string(to_string(dt)) +
+                                  ": upcast element by element to f64 (a correctness baseline, not a fast path)");
+      const Support sup32 = ref32->check(small_spec(dt), pass);
+      ASSERT_EQ(sup32.notes.size(), 1u);
+      EXPECT_NE(sup32.notes[0].find("to f32"), std::string::npos) << sup32.notes[0];
+    }
+    EXPECT_TRUE(ref->check(small_spec(DType::f32), pass).notes.empty());
   }
 }
 
