@@ -73,15 +73,15 @@ std::string Selection::explain() const {
     out += pad(v.backend, name_w) + pad(std::to_string(v.priority), 10) + pad(pass_cell(v.forward), 9) +
            pad(pass_cell(v.backward), 10) + verdict_cell(v) + "\n";
     // Reasons of a declined pass; notes only of a supported one (how it will run).
-    const auto reasons = [&](const char* pass, const Support& s) {
+    const auto details = [&](const char* pass, const Support& s) {
       for (const Reason& r : s.reasons) {
         out += std::string(name_w, ' ') + "- " + pass + ": " + r.message + " [" + std::string(to_string(r.code)) + "]\n";
       }
       if (!s.ok()) return;
       for (const std::string& n : s.notes) out += std::string(name_w, ' ') + "note " + pass + ": " + n + "\n";
     };
-    reasons("forward", v.forward);
-    if (v.backward) reasons("backward", *v.backward);
+    details("forward", v.forward);
+    if (v.backward) details("backward", *v.backward);
   }
   if (backend) out += "selected: " + std::string(backend->name()) + "\n";
   return out;

@@ -9,6 +9,13 @@
 // Regions do not nest: end one before beginning a wider one.
 #pragma once
 
+// The instruction sets of the kernel families (dispatch checks the CPU for the
+// same ones at run time: flash::cpu_supports).
+#define ATTEND_FEATURES_AVX2 "avx2,fma,bmi,bmi2,f16c"
+#define ATTEND_FEATURES_AVX512 "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c"
+#define ATTEND_FEATURES_AVX512_BF16_AMX \
+  "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c,avx512bf16,amx-tile,amx-bf16"
+
 #define ATTEND_PRAGMA(...) _Pragma(#__VA_ARGS__)
 
 #if defined(__clang__)

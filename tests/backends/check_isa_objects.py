@@ -23,7 +23,7 @@ import sys
 BEYOND_BASELINE = re.compile(
     r"\t(v[a-z0-9]+|shlx|shrx|sarx|rorx|andn|bzhi|pdep|pext|mulx|blsi|blsr|blsmsk|lzcnt|tzcnt)\s"
     r"|%[yz]mm|%k[0-7]\b")
-BEYOND_AVX2 = re.compile(r"%zmm|%k[0-7]\b|\{%k|\ttile|\tvdpbf16|\tvcvtne2ps2bf16|\tvcvtneps2bf16")
+BEYOND_AVX2 = re.compile(r"%zmm|%k[0-7]\b|\ttile|\tvdpbf16|\tvcvtne2ps2bf16|\tvcvtneps2bf16")
 FUNCTION = re.compile(r"^[0-9a-f]+ <(.*)>:$")
 
 

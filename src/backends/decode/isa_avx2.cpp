@@ -13,7 +13,7 @@
 #include "core/target_region.h"
 #include <immintrin.h>
 
-ATTEND_TARGET_REGION_BEGIN("avx2,fma,bmi,bmi2,f16c")
+ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 
 #define ATTEND_DECODE_ISA isa_avx2
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx2

@@ -14,7 +14,7 @@
 #include <immintrin.h>
 
 ATTEND_AVX512_WARNINGS_BEGIN()
-ATTEND_TARGET_REGION_BEGIN("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c")
+ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512)
 
 #define ATTEND_DECODE_ISA isa_avx512
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx512

@@ -20,6 +20,10 @@ struct DtypeKernels {
   // backward_scratch (and the bf16/f16 dQ sum); null: none.
   std::int64_t (*forward_extra)(std::int64_t dqk, std::int64_t dv) = nullptr;
   std::int64_t (*backward_extra)(std::int64_t dqk, std::int64_t dv) = nullptr;
+  // The instructions a half dtype's GEMMs run on (e.g. "AMX-BF16 tiles"); null:
+  // it is widened to f32 as tiles are packed and runs at the f32 kernels' speed.
+  // flash's check() reports it (Support::notes).
+  const char* half_gemms = nullptr;
 };
 
 struct KernelTable {

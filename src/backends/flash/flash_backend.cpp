@@ -34,16 +34,16 @@ std::int64_t dq_accum_floats(const AttentionSpec& s) {
 // run is the error that names ATTEND_ISA.
 void note_half_path(const AttentionSpec& s, Support& sup) {
   if (s.dtype != DType::bf16 && s.dtype != DType::f16) return;
-  std::string isa;
+  const flash::KernelTable* kernels = nullptr;
   try {
-    isa = flash::active_kernels().isa;
+    kernels = &flash::active_kernels();
   } catch (const Error&) {
     return;
   }
+  const std::string isa(kernels->isa);
   const std::string dtype(to_string(s.dtype));
-  if (s.dtype == DType::bf16 && (isa == "avx512amx" || isa == "avx512bf16")) {
-    sup.note("dtype=bf16: GEMMs on " + std::string(isa == "avx512amx" ? "AMX-BF16 tiles" : "AVX512-BF16 (vdpbf16ps)") +
-             " (kernel family " + isa + "), f32 softmax and accumulators");
+  if (const char* gemms = kernels->for_dtype(s.dtype).half_gemms) {
+    sup.note("dtype=" + dtype + ": GEMMs on " + gemms + " (kernel family " + isa + "), f32 softmax and accumulators");
   } else {
     sup.note("dtype=" + dtype + ": widened to f32 as tiles are packed (kernel family " + isa + " has no " + dtype +
              " GEMM instructions), about the f32 kernels' speed");

@@ -15,7 +15,7 @@
 #include "core/target_region.h"
 #include <immintrin.h>
 
-ATTEND_TARGET_REGION_BEGIN("avx2,fma,bmi,bmi2,f16c")
+ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 
 #define ATTEND_FLASH_ISA isa_avx2
 #include "backends/flash/simd_avx2.h"

@@ -17,7 +17,7 @@
 #include <immintrin.h>
 
 ATTEND_AVX512_WARNINGS_BEGIN()
-ATTEND_TARGET_REGION_BEGIN("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c")
+ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512)
 
 #define ATTEND_FLASH_ISA isa_avx512
 #include "backends/flash/simd_avx512.h"
@@ -30,7 +30,7 @@ ATTEND_TARGET_REGION_END()
 // instructions plus AVX512-BF16 and AMX. Reached only through kernels_avx512bf16() and
 // kernels_avx512amx(), which dispatch.cpp hands out only when the CPU (and, for
 // AMX, the OS) allows them; the compiler never emits these instructions itself.
-ATTEND_TARGET_REGION_BEGIN("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c,avx512bf16,amx-tile,amx-bf16")
+ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512_BF16_AMX)
 #include "backends/flash/gemm_bf16.h"
 #include "backends/flash/gemm_amx.h"
 #include "backends/flash/forward_bf16_impl.h"
@@ -61,6 +61,7 @@ KernelTable kernels_avx512bf16() {
   t.bf16.forward_extra = &isa_avx512::forward_bf16_extra_floats<SimdAvx512>;
   t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, false>;
   t.bf16.backward_extra = &isa_avx512::backward_bf16_extra_floats<SimdAvx512>;
+  t.bf16.half_gemms = "AVX512-BF16 (vdpbf16ps)";
   return t;
 }
 
@@ -70,6 +71,7 @@ KernelTable kernels_avx512amx() {
   t.isa = "avx512amx";
   t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512, true>;
   t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, true>;
+  t.bf16.half_gemms = "AMX-BF16 tiles";
   return t;
 }
 
