@@ -1,7 +1,7 @@
 // Google Benchmark view of the same measurements as `attend bench`: flash and
 // the unfused OpenBLAS baseline, forward and backward, at a few sequence
 // lengths (B=1 H=16 D=128 f32), plus the sgemm ceiling in the same process.
-// Counters: GFLOP (core/flops.h counts, identical for every implementation),
+// Counters: GFLOP (runtime/flops.h counts, identical for every implementation),
 // shown as a rate (GFLOP=x/s), and extra_MiB. Real time is reported: the kernels are multi-threaded.
 #include <benchmark/benchmark.h>
 
@@ -13,7 +13,7 @@
 #include "bench/harness.h"
 #include "bench/sgemm_peak.h"
 #include "bench/unfused.h"
-#include "core/flops.h"
+#include "runtime/flops.h"
 #include "problem_data.h"
 
 namespace {

@@ -13,7 +13,7 @@
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
 #include "attend/error.h"
-#include "core/flops.h"
+#include "runtime/flops.h"
 #include "unfused.h"
 
 namespace attend::bench {

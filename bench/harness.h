@@ -66,7 +66,7 @@ struct Row {
   Impl impl = Impl::flash;
   Pass pass = Pass::forward;
   Timing timing;
-  std::int64_t flops = 0;      // core/flops.h: exact visible pairs, same count for every impl
+  std::int64_t flops = 0;      // runtime/flops.h: exact visible pairs, same count for every impl
   double gflops = 0.0;         // flops / timing.best_s / 1e9
   double vs_sgemm = 0.0;       // gflops / header.sgemm.gflops
   double vs_unfused = std::numeric_limits<double>::quiet_NaN();  // unfused best / this best (same

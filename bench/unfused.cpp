@@ -11,7 +11,7 @@
 #include <string>
 
 #include "attend/error.h"
-#include "core/semantics.h"
+#include "kernel/semantics.h"
 
 namespace attend::bench {
 

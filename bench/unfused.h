@@ -2,7 +2,7 @@
 //
 // Per (batch, head): S = scale * Q K^T (cblas_sgemm reading the caller's strided
 // tensors through lda), -inf outside the causal/window mask (attend's rules,
-// core/semantics.h), a plain row softmax with std::exp, O = P V (cblas_sgemm).
+// kernel/semantics.h), a plain row softmax with std::exp, O = P V (cblas_sgemm).
 // Training keeps P of every head; backward then runs, per head,
 //   dV += P^T dO,  dP = dO V^T,  dS = P o (dP - rowsum(dP o P)),
 //   dQ = scale * dS K,  dK += scale * dS^T Q          (cblas_sgemm; += over a GQA group).

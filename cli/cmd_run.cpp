@@ -16,7 +16,7 @@
 #include "attend/select.h"
 #include "check.h"
 #include "commands.h"
-#include "core/flops.h"
+#include "runtime/flops.h"
 #include "flag_checks.h"
 
 namespace attend_cli {

@@ -9,7 +9,7 @@
 
 #include "attend/error.h"
 #include "attend/registry.h"
-#include "core/checked.h"
+#include "runtime/checked.h"
 #include "flag_checks.h"
 
 namespace attend_cli {

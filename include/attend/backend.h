@@ -8,10 +8,14 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
+#include <type_traits>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "attend/device.h"
 #include "attend/spec.h"
 #include "attend/tensor.h"
 
@@ -22,7 +26,13 @@ enum class ReasonCode : std::uint8_t {
   dtype, head_dim_qk, head_dim_v, head_dim_mismatch, layout, varlen, gqa, mask,
   softcap, alibi, bias, bias_grad, dropout, deterministic, no_backward, seqlen,
   memory, other,
+  device,      // the tensors' device is not one the backend serves
+  variant,     // the variant is unknown, unavailable here, or excluded by policy
+  positions,   // q_offset / kv_offset (global positions of a partial problem)
+  out_dtype,   // an output dtype other than the input dtype (f32 partials)
+  accumulate,  // backward adding into dq/dk/dv instead of overwriting them
 };
+inline constexpr int kReasonCodeCount = static_cast<int>(ReasonCode::accumulate) + 1;
 std::string_view to_string(ReasonCode code);
 
 // One unmet requirement: a code plus a sentence naming the field, the value and
@@ -33,19 +43,75 @@ struct Reason {
 };
 
 // The answer of Backend::check for one pass: supported, or why not.
-struct Support {
-  std::vector<Reason> reasons;  // empty <=> supported
+//
+// Text is built only when someone will read it. require() and note() take the
+// message as a string or as a callable returning one; a callable runs only for
+// an unmet requirement (or a note) of a Support in Detail::full. Detail::codes
+// records which codes failed and builds no text, so a passing check allocates
+// nothing and a cached selection can re-check a problem cheaply.
+class Support {
+ public:
+  enum class Detail : std::uint8_t { codes, full };
+
+  Support() = default;
+  explicit Support(Detail detail) : detail_(detail) {}
+
+  std::vector<Reason> reasons;  // Detail::full: one per unmet requirement
   // How a supported pass will run, where the caller should know it (e.g. a half
   // dtype computed at f32 speed, or an upcasting baseline): shown with the
-  // verdict, never a reason to decline.
+  // verdict, never a reason to decline. Detail::full only.
   std::vector<std::string> notes;
-  bool ok() const { return reasons.empty(); }
+
+  bool ok() const { return failed_ == 0; }
   explicit operator bool() const { return ok(); }
-  // Adds a reason when `condition` is false; returns *this for chaining.
-  Support& require(bool condition, ReasonCode code, std::string message);
-  // Adds a note; returns *this for chaining.
-  Support& note(std::string message);
+  bool failed(ReasonCode code) const { return (failed_ >> static_cast<int>(code)) & 1u; }
+  std::uint32_t failed_codes() const { return failed_; }
+  Detail detail() const { return detail_; }
+
+  // Records a reason when `condition` is false; returns *this for chaining.
+  template <class Message>
+  Support& require(bool condition, ReasonCode code, Message&& message) {
+    if (condition) return *this;
+    failed_ |= 1u << static_cast<int>(code);
+    if (detail_ == Detail::full) reasons.push_back({code, text(std::forward<Message>(message))});
+    return *this;
+  }
+  template <class Message>
+  Support& note(Message&& message) {
+    if (detail_ == Detail::full) notes.push_back(text(std::forward<Message>(message)));
+    return *this;
+  }
   std::string to_string() const;  // reasons joined with "; " (or "ok")
+
+ private:
+  template <class Message>
+  static std::string text(Message&& m) {
+    if constexpr (std::is_invocable_v<Message>) return std::string(m());
+    else return std::string(std::forward<Message>(m));
+  }
+  std::uint32_t failed_ = 0;
+  Detail detail_ = Detail::full;
+};
+static_assert(kReasonCodeCount <= 32, "Support keeps failed codes in a 32-bit mask");
+
+// One implementation a backend can run a problem with: for CPU backends a
+// kernel family (instruction set), later tile configurations or GPU
+// architectures. The selector judges every (backend, variant) pair.
+struct Variant {
+  std::string name;         // stable identifier, e.g. "avx512" ("default" for a backend with one)
+  std::string summary;      // one line for explanations, e.g. "AVX-512 kernels; bf16 GEMMs on vdpbf16ps"
+  std::string unavailable;  // non-empty: why this process cannot run it ("this CPU lacks AVX-512")
+  // CPU kernel families: their instruction-set level (0 scalar, 1 avx2, 2 avx512,
+  // 3 avx512bf16, 4 avx512amx), which the ATTEND_ISA policy caps; -1: not an ISA family.
+  int isa_level = -1;
+};
+
+// Where and how a backend runs a problem: the tensors' device and one of its
+// variants (an index into Backend::variants(); -1: the backend's default under
+// the current policy, see Backend::default_variant).
+struct Target {
+  Device device{};
+  int variant = -1;
 };
 
 // The tensors of a problem. Shapes follow spec.layout (see tensor.h).
@@ -74,10 +140,12 @@ struct Workspace {
 struct ForwardArgs {
   const AttentionSpec& spec;
   Inputs in;
-  TensorView out;  // (B,Sq,H,Dv) in spec.layout; thd: (total_q,H,Dv)
+  TensorView out;  // (B,Sq,H,Dv) in spec.layout; thd: (total_q,H,Dv); dtype spec.effective_out_dtype()
   TensorView lse;  // (B,H,Sq) dense or (H,total_q) varlen; f64 when dtype is f64, else f32.
                    // Always required: backward needs it. Natural log; -inf for empty rows.
   Workspace workspace{};
+  Target target{};  // device of the tensors and the variant to run (-1: the default)
+  Stream stream{};  // passed through to device backends
 };
 
 struct BackwardArgs {
@@ -86,37 +154,81 @@ struct BackwardArgs {
   TensorView out;    // forward output
   TensorView lse;    // forward LSE
   TensorView dout;   // gradient of the loss w.r.t. out, out's shape
-  TensorView dq;     // written, q's shape
-  TensorView dk;     // written, k's shape (summed over the GQA group)
-  TensorView dv;     // written, v's shape (summed over the GQA group)
+  TensorView dq;     // q's shape; written (spec.accumulate_grads: added to)
+  TensorView dk;     // k's shape (summed over the GQA group); written or added to
+  TensorView dv;     // v's shape (summed over the GQA group); written or added to
   TensorView dbias;  // written when spec.bias_requires_grad; bias's shape (broadcast dims summed)
   Workspace workspace{};
+  Target target{};
+  Stream stream{};
 };
 
+struct PlanAccess;
+
+// A backend: a name, the devices and variants it serves, a pure capability
+// check per pass, a workspace query, forward and backward.
+//
+// The public entry points are non-virtual. check() applies the conditions every
+// backend shares (device served, variant known and available) and then asks the
+// backend's supports(); forward()/backward() validate the tensors, run that same
+// check and size the workspace before entering run_forward/run_backward. So a
+// kernel cannot run on a problem its check rejects, whoever calls it.
 class Backend {
  public:
   virtual ~Backend() = default;
 
   virtual std::string_view name() const = 0;
-  // Pure: the same spec and pass always give the same answer, no side effects.
-  virtual Support check(const AttentionSpec& spec, Pass pass) const = 0;
-  // Scratch bytes forward/backward need for `spec` (0 if none).
-  virtual std::size_t workspace_bytes(const AttentionSpec& spec, Pass pass) const = 0;
+  // Whether the kernels take memory of this device kind. Default: cpu only.
+  virtual bool serves(DeviceKind kind) const { return kind == DeviceKind::cpu; }
+  // The implementations this backend can run, best first. Default: one, "default".
+  // The span stays valid for the backend's lifetime.
+  virtual std::span<const Variant> variants() const;
 
-  // Validate spec and tensors, require check(spec, pass).ok() and enough
+  // Pure: the same (spec, pass, target) always gives the same answer.
+  Support check(const AttentionSpec& spec, Pass pass, const Target& target = {},
+                Support::Detail detail = Support::Detail::full) const;
+  // Scratch bytes forward/backward need (0 if none). Throws attend::Error for
+  // an unknown variant.
+  std::size_t workspace_bytes(const AttentionSpec& spec, Pass pass, const Target& target = {}) const;
+
+  // Validate spec and tensors, require check(spec, pass, target).ok() and enough
   // workspace (allocating it when none is given), then run.
   // Throws attend::Error(unsupported) carrying the reasons.
   void forward(const ForwardArgs& args) const;
   void backward(const BackwardArgs& args) const;
 
+  // The variant used for Target::variant = -1: the first available one (in the
+  // backend's order) within the current policy's ATTEND_ISA level. Throws
+  // attend::Error when none is, e.g. ATTEND_ISA names an ISA this CPU lacks.
+  int default_variant() const;
+  // Index of the variant called `name`, or -1.
+  int find_variant(std::string_view name) const;
+
  protected:
-  // Called only after the checks above passed.
+  // The backend's own conditions for a validated spec on a device it serves and
+  // an available variant (target.variant is resolved, >= 0). Adds a reason per
+  // unmet condition to `support` (and notes on how a supported pass runs).
+  virtual void supports(const AttentionSpec& spec, Pass pass, const Target& target, Support& support) const = 0;
+  // Scratch bytes for the resolved target.
+  virtual std::size_t scratch_bytes(const AttentionSpec& spec, Pass pass, const Target& target) const = 0;
+  // Called only after the checks above passed; args.target.variant is resolved.
   virtual void run_forward(const ForwardArgs& args) const = 0;
   virtual void run_backward(const BackwardArgs& args) const = 0;
+
+ private:
+  friend struct PlanAccess;
+  Target resolve(const Target& target) const;
 };
 
-// Tensor validation used by Backend::forward/backward (exposed for bindings
-// that want to fail before allocating). Throws attend::Error naming the tensor.
+// Tensor validation used by Backend::forward/backward and plans (exposed for
+// bindings that want to fail before allocating). Throws attend::Error naming the
+// tensor. Two passes: validate_*_shapes checks dtypes, shapes, strides, devices
+// and pointers without dereferencing any tensor; validate_contents reads the
+// host tensors that locate data (cu_seqlens, block tables, cache lengths) and
+// checks every index a kernel will follow. Contents on a device are the
+// backend's to validate (its check notes it). validate_inputs runs both.
+void validate_input_shapes(const AttentionSpec& spec, const Inputs& in);
+void validate_contents(const AttentionSpec& spec, const Inputs& in);
 void validate_inputs(const AttentionSpec& spec, const Inputs& in);
 void validate_forward(const ForwardArgs& args);
 void validate_backward(const BackwardArgs& args);

@@ -14,40 +14,65 @@ namespace attend {
 enum class LogLevel : std::uint8_t { off, info, debug };
 
 // User control over selection. The process-wide policy starts from the
-// environment: ATTEND_BACKEND=name (force; no silent fallback), ATTEND_DISABLE=a,b
-// (remove backends), ATTEND_LOG=info|debug (log selections to stderr).
+// environment: ATTEND_BACKEND=name or name:variant (force; no silent fallback),
+// ATTEND_DISABLE=a,b (remove backends), ATTEND_ISA=family (cap the CPU kernel
+// families), ATTEND_LOG=info|debug (log selections to stderr).
 struct Policy {
-  std::optional<std::string> force;  // backend that must be used
-  std::vector<std::string> disabled; // backends never used
-  LogLevel log = LogLevel::off;      // info: each new (spec, mode) once; debug: every call
+  // Backend that must be used, optionally with one of its variants
+  // ("flash" or "flash:avx2").
+  std::optional<std::string> force;
+  std::vector<std::string> disabled;  // backends never used
+  // Widest CPU kernel family any backend may use: avx512amx, avx512bf16,
+  // avx512, avx2 or scalar. A backend runs its best variant at or below it
+  // (decode has no bf16-GEMM families: it runs avx512 under avx512amx). Naming
+  // a family this CPU lacks is an attend::Error at selection.
+  std::optional<std::string> isa;
+  LogLevel log = LogLevel::off;       // info: each new (spec, mode) once; debug: every call
+  // What set each field, for error messages ("ATTEND_BACKEND", "--backend",
+  // "Policy::force"); from_env() and the CLI fill them, the default names the API.
+  std::string force_source = "Policy::force";
+  std::string disabled_source = "Policy::disabled";
+  std::string isa_source = "Policy::isa";
 
   // Throws attend::Error for an unknown ATTEND_LOG value.
   static Policy from_env();
 };
 
-// Process-wide policy. set_policy invalidates the selection cache.
+// Throws attend::Error (naming the policy field's source) when `policy` names a
+// backend, variant or ISA family that does not exist, or a family this CPU lacks.
+void validate_policy(const Policy& policy);
+
+// Process-wide policy. set_policy validates it first (an unknown backend is an
+// error now, not at the next selection) and invalidates the selection cache.
 Policy current_policy();
 void set_policy(Policy policy);
 
-// How one backend fared for a problem.
+// How one (backend, variant) fared for a problem.
 struct Verdict {
   std::string backend;
+  std::string variant;              // the backend's variant name ("default" if it has one)
   int priority = 0;
   bool disabled = false;            // removed by policy.disabled
-  bool not_forced = false;          // another backend is forced
-  Support forward;                  // check(spec, forward)
-  std::optional<Support> backward;  // check(spec, backward), training only
+  bool not_forced = false;          // another backend (or variant) is forced
+  // Why the variant cannot be used here (the CPU lacks it, or policy.isa
+  // excludes it); empty when it can. Its checks still run, for the record.
+  std::string variant_excluded;
+  Support forward;                  // check(spec, forward, target)
+  std::optional<Support> backward;  // check(spec, backward, target), training only
   bool viable = false;              // may run this mode
   bool chosen = false;
 };
 
 struct Selection {
   std::shared_ptr<const Backend> backend;  // never null in a returned Selection
+  int variant = -1;                        // index into backend->variants()
+  Device device{};                         // of the problem's tensors
   Mode mode = Mode::inference;
   std::string spec_summary;                // describe(spec)
-  std::vector<Verdict> verdicts;           // one per registered backend, priority order
+  std::vector<Verdict> verdicts;           // one per (backend, variant), priority then variant order
+  std::string_view variant_name() const;
 
-  // A table: backend | priority | forward | backward | verdict, then under each
+  // A table: backend | variant | priority | forward | backward | verdict, then under each
   // backend its reasons ("- pass: ...") and the notes of its supported passes
   // ("note pass: ...", Support::notes).
   std::string explain() const;
@@ -61,13 +86,13 @@ struct Selection {
 // table — when nothing fits or the forced backend cannot do the job.
 // Results are cached per (signature(spec), mode, policy, registry generation).
 Selection select(const AttentionSpec& spec, Mode mode);
-Selection select(const AttentionSpec& spec, Mode mode, const Policy& policy);
+Selection select(const AttentionSpec& spec, Mode mode, const Policy& policy, Device device = {});
 
 // The same verdicts as select(), but never throws for "nothing fits": the
 // returned Selection then has a null backend (explain() and to_json() still
 // render every verdict). Not cached. For tools and bindings that show the table
 // before (or instead of) running. Still throws for an invalid spec or policy.
-Selection evaluate(const AttentionSpec& spec, Mode mode, const Policy& policy);
+Selection evaluate(const AttentionSpec& spec, Mode mode, const Policy& policy, Device device = {});
 
 // Drops all cached selections (also done by set_policy and registry changes).
 void clear_selection_cache();

@@ -9,10 +9,18 @@
 //   P = softmax_j(s);  P' = P * keep / (1 - dropout_p);  O_i = sum_j P'_ij v_j
 //   LSE_i = log sum_j exp(s_ij)   (natural log, before dropout)
 // A row with no unmasked key has O_i = 0 and LSE_i = -inf.
+//
+// Partial problems (context parallelism, split-KV): q_offset / kv_offset shift
+// the query and key positions that masks, ALiBi and the dropout counter use, so
+// a chunk of a longer sequence computes exactly its part of the whole; with
+// out_dtype = f32 the partial output keeps full precision, attend::merge
+// combines partials through their LSEs, and accumulate_grads makes backward add
+// into dq/dk/dv. docs/semantics.md has the formulas.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -51,6 +59,9 @@ struct AttentionSpec {
   // dq_accum), e.g. to sum gradients over micro-batches without half-precision
   // rounding. Any other choice is an attend::Error from validate().
   std::optional<DType> dq_dtype;
+  // dtype of out (and of dout in backward); unset: dtype. bf16/f16 problems may
+  // ask for f32: a partial output to be merged without intermediate rounding.
+  std::optional<DType> out_dtype;
   Layout layout = Layout::bshd; // of q, k, v, out, dout, dq, dk, dv; thd <=> varlen
 
   // --- logits ------------------------------------------------------------------
@@ -65,6 +76,15 @@ struct AttentionSpec {
   std::int64_t window_left = -1;    // keep j >= i + Sk - Sq - window_left; -1 = unbounded
   std::int64_t window_right = -1;   // keep j <= i + Sk - Sq + window_right; -1 = unbounded
 
+  // --- positions of a partial problem ------------------------------------------
+  // Query row i sits at position q_offset + i, key j at kv_offset + j: masks and
+  // ALiBi compare (q_offset + i) + (Sk - Sq) with kv_offset + j, and the dropout
+  // mask is drawn at (q_offset + i, kv_offset + j). 0/0 is the ordinary problem.
+  // A rank holding query chunk [a, a+c) and key chunk [b, b+c) of one sequence
+  // sets q_offset = a, kv_offset = b. Both >= 0.
+  std::int64_t q_offset = 0;
+  std::int64_t kv_offset = 0;
+
   // --- regularisation ----------------------------------------------------------
   double dropout_p = 0.0;       // in [0, 1); kept entries scale by 1/(1-p)
   std::uint64_t dropout_seed = 0;  // keys the Philox mask: same seed, same mask, any backend
@@ -72,6 +92,7 @@ struct AttentionSpec {
   // --- outputs / behaviour -----------------------------------------------------
   bool need_lse = true;         // write LSE (always kept internally for training)
   bool deterministic = false;   // backward must be bitwise identical across thread counts
+  bool accumulate_grads = false; // backward adds into dq/dk/dv (e.g. one ring step of many)
 
   // --- paged K/V (a KV cache; inference) ---------------------------------------
   // > 0: k and v are page pools shaped (pages, kv_page_size, heads_kv, dim), whatever
@@ -91,7 +112,29 @@ struct AttentionSpec {
   bool is_masked() const { return causal || window_left >= 0 || window_right >= 0; }
   std::int64_t group_size() const { return heads_q / heads_kv; }
   DType effective_dq_dtype() const { return dq_dtype.value_or(dtype); }
+  DType effective_out_dtype() const { return out_dtype.value_or(dtype); }
+  DType lse_dtype() const { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+  bool has_offsets() const { return q_offset != 0 || kv_offset != 0; }
 };
+
+// The tensors a spec describes, for expected_shape().
+enum class Role : std::uint8_t { q, k, v, out, lse, dout, dq, dk, dv, bias, cu_seqlens_q, cu_seqlens_kv };
+std::string_view to_string(Role role);
+
+// The shape a tensor of `role` must have for `spec`, in spec.layout (bshd:
+// (B, S, H, D); bhsd: (B, H, S, D); sbhd: (S, B, H, D); thd: (total, H, D); LSE
+// (B, H, Sq) or (H, total_q); bias the full (B, H, Sq, Sk)). Paged k/v (and
+// dk/dv) are pools whose page count the spec does not fix: their first
+// dimension is returned as -1. The one place the layout -> shape rule lives.
+struct Shape {
+  int ndim = 0;
+  std::int64_t dims[4] = {};
+  std::span<const std::int64_t> span() const { return {dims, static_cast<std::size_t>(ndim)}; }
+};
+Shape expected_shape(const AttentionSpec& spec, Role role);
+// The dtype of that tensor (dq: effective_dq_dtype, out/dout: effective_out_dtype,
+// lse: lse_dtype, cu_seqlens: i32, otherwise dtype).
+DType expected_dtype(const AttentionSpec& spec, Role role);
 
 // Checks every field of the spec on its own (no tensors): positive sizes, GQA
 // divisibility, finite scale/softcap, window >= -1, dropout in [0,1), layout vs
@@ -99,8 +142,8 @@ struct AttentionSpec {
 // size_t. Throws attend::Error naming the first bad field.
 void validate(const AttentionSpec& spec);
 
-// A compact, stable string of every field that can influence backend choice;
-// equal signatures mean equal selections (the selection cache key).
+// A compact, stable string of every field that can influence backend choice
+// (spec_fields() marks them); equal signatures mean equal selections.
 std::string signature(const AttentionSpec& spec);
 
 // One-line human summary, e.g. "B=2 Sq=1024 Sk=1024 H=16/16 D=192/128 f32 bshd causal".

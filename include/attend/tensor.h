@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "attend/device.h"
 #include "attend/dtype.h"
 
 namespace attend {
@@ -34,6 +35,9 @@ struct TensorView {
   int ndim = 0;
   std::array<std::int64_t, kMaxDims> shape{};
   std::array<std::int64_t, kMaxDims> strides{};
+  // Where `data` lives. The runtime reads host tensors' contents (cu_seqlens,
+  // block tables) to validate them and never dereferences device memory.
+  Device device{};
 
   // True when the view describes a tensor (ndim > 0); an absent optional input
   // (no bias, no dbias) is a default-constructed view.
@@ -50,18 +54,22 @@ struct TensorView {
   std::string shape_string() const;  // "(2, 1024, 16, 192)"
 };
 
-// An owning, contiguous, zero-initialised tensor. Copies share the storage.
+// An owning, contiguous tensor. Copies share the storage.
 class Tensor {
  public:
   Tensor() = default;
-  // Throws attend::Error(overflow) when the byte size overflows and
-  // attend::Error(out_of_memory) when the allocation fails.
+  // Host tensor filled with zeros. Throws attend::Error(overflow) when the byte
+  // size overflows and attend::Error(out_of_memory) when the allocation fails.
   static Tensor zeros(DType dtype, std::span<const std::int64_t> shape);
   static Tensor zeros(DType dtype, std::initializer_list<std::int64_t> shape) {
     return zeros(dtype, std::span<const std::int64_t>(shape.begin(), shape.size()));
   }
-  // Same dtype and shape as `view`, contiguous.
+  // Same dtype and shape as `view`, contiguous, zeros, on the host.
   static Tensor zeros_like(const TensorView& view);
+  // Uninitialised storage from `allocator` on `device` (the memory a kernel
+  // overwrites entirely: no zero-fill, whose page faults cost more than a
+  // small kernel). The allocator must outlive the tensor.
+  static Tensor empty(DType dtype, std::span<const std::int64_t> shape, Device device, Allocator& allocator);
 
   const TensorView& view() const { return view_; }
   operator const TensorView&() const { return view_; }  // NOLINT: views are how tensors travel
@@ -73,7 +81,7 @@ class Tensor {
 
  private:
   static Tensor allocate(TensorView view);
-  std::shared_ptr<std::byte[]> storage_;
+  std::shared_ptr<void> storage_;
   TensorView view_;
 };
 

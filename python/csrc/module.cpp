@@ -14,7 +14,7 @@
 
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
-#include "core/philox.h"
+#include "kernel/philox.h"
 #include "torch_views.h"
 
 namespace py = pybind11;
@@ -136,7 +136,7 @@ py::tuple evaluate(const py::dict& spec_fields, const std::string& mode) {
 }
 
 // The keep mask of attend's dropout: (H, Sq, Sk) for sequence `b`, computed with
-// the same Philox function every backend uses (src/core/philox.h).
+// the same Philox function every backend uses (src/kernel/philox.h).
 at::Tensor dropout_keep(std::uint64_t seed, double p, std::int64_t b, std::int64_t heads, std::int64_t sq,
                         std::int64_t sk) {
   if (!(p >= 0.0 && p < 1.0)) {
@@ -166,21 +166,17 @@ void set_policy_from(const std::optional<std::string>& force, const std::vector<
   Policy p;
   p.force = force;
   p.disabled = disable;
+  // Errors name the keyword the caller used; ATTEND_ISA stays as the environment set it.
+  p.force_source = "force";
+  p.disabled_source = "disable";
+  const Policy now = current_policy();
+  p.isa = now.isa;
+  p.isa_source = now.isa_source;
   if (log == "off") p.log = LogLevel::off;
   else if (log == "info") p.log = LogLevel::info;
   else if (log == "debug") p.log = LogLevel::debug;
   else throw Error(ErrorCode::invalid_argument, "log", log, "expected off, info or debug");
-  // Unknown backend names fail here, not at the next call.
-  const auto backends = Registry::global().backends();
-  const auto known = [&](const std::string& name, const char* field) {
-    for (const auto& b : backends) {
-      if (b.backend->name() == name) return;
-    }
-    throw Error(ErrorCode::invalid_argument, field, name, "no registered backend has this name");
-  };
-  if (force) known(*force, "force");
-  for (const auto& d : disable) known(d, "disable");
-  set_policy(std::move(p));
+  set_policy(std::move(p));  // unknown backend names fail here, not at the next call
 }
 
 std::vector<std::string> backend_names() {

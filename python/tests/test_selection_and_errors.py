@@ -86,7 +86,7 @@ def test_forced_backend_that_cannot_train_raises_with_its_reasons(restore_policy
     attend.set_policy(force="flash")
     with pytest.raises(attend.UnsupportedError) as e:
         sdpa(q, k, v)
-    assert "head_dim_qk=300" in str(e.value) and e.value.field == "ATTEND_BACKEND"
+    assert "head_dim_qk=300" in str(e.value) and e.value.field == "force"
     attend.set_policy()
     out = sdpa(q, k, v)  # falls back to reference, and says why flash was rejected
     assert at.last_selection().selected == "reference"

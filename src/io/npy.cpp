@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "attend/error.h"
-#include "core/checked.h"
+#include "runtime/checked.h"
 
 namespace attend {
 namespace {

@@ -9,7 +9,7 @@ and fails if an instruction could run where dispatch did not ask for it:
 - every isa_* object: functions outside its kernel region (inline functions from
   shared headers, which the linker may merge with other files' copies) nothing
   beyond the baseline, so a build on any compiler cannot leak wide instructions
-  into generic code (src/core/target_region.h).
+  into generic code (src/cpu/target_region.h).
 
 Usage: check_isa_objects.py <expected object count> <object>...
 Prints "isa objects clean: N" on success.

@@ -12,7 +12,7 @@
 
 #include "bench/harness.h"
 #include "bench/report.h"
-#include "core/flops.h"
+#include "runtime/flops.h"
 #include "support/tensors.h"
 
 namespace {

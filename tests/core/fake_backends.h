@@ -24,9 +24,11 @@ class ForwardOnlyMismatchBackend final : public Backend {
 
   std::string_view name() const override { return name_; }
 
-  Support check(const AttentionSpec& s, Pass pass) const override {
+  std::shared_ptr<CallCounts> counts = std::make_shared<CallCounts>();
+
+ protected:
+  void supports(const AttentionSpec& s, Pass pass, const Target&, Support& sup) const override {
     counts->checks++;
-    Support sup;
     sup.require(s.dtype == DType::f32 || s.dtype == DType::f64, ReasonCode::dtype,
                 "dtype=" + std::string(to_string(s.dtype)) + " is not supported (f32, f64)");
     sup.require(s.head_dim_qk <= 256, ReasonCode::head_dim_qk,
@@ -43,16 +45,12 @@ class ForwardOnlyMismatchBackend final : public Backend {
     }
     // Every pass says how it runs, so tests can see which notes an explanation shows.
     sup.note(std::string(to_string(pass)) + " computed through the reference (a test backend)");
-    return sup;
   }
 
-  std::size_t workspace_bytes(const AttentionSpec& s, Pass pass) const override {
+  std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target&) const override {
     return reference_->workspace_bytes(s, pass);
   }
 
-  std::shared_ptr<CallCounts> counts = std::make_shared<CallCounts>();
-
- protected:
   void run_forward(const ForwardArgs& a) const override {
     counts->forwards++;
     reference_->forward(a);

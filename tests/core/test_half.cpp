@@ -1,4 +1,4 @@
-// The portable bf16/f16 converters (core/half.h): exact widening, round to
+// The portable bf16/f16 converters (kernel/half.h): exact widening, round to
 // nearest even when narrowing, NaN preserved, and bit-identical to the F16C
 // instructions the SIMD kernels use.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "core/half.h"
+#include "kernel/half.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

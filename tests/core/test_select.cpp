@@ -112,7 +112,7 @@ TEST_P(MismatchedHeadDims, ForcingTheUnfitBackendFailsEarlyWithItsReasons) {
     FAIL() << "expected attend::Error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::unsupported);
-    EXPECT_EQ(e.field(), "ATTEND_BACKEND");
+    EXPECT_EQ(e.field(), "Policy::force");  // an API policy names its own field, not an unset variable
     EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
   }
   EXPECT_EQ(fake->counts->forwards.load(), 0);  // failed before any kernel ran
@@ -204,9 +204,30 @@ TEST_F(SelectTest, SelectionsAreCachedPerSpecAndMode) {
   (void)select(s, Mode::inference);  // another mode is another entry
   EXPECT_EQ(fake->counts->checks.load(), after_first + 1);
   AttentionSpec other = s;
-  other.seqlen_kv += 1;
+  other.seqlen_kv *= 4;  // another power-of-two bucket: another entry
   (void)select(other, Mode::training);
   EXPECT_EQ(fake->counts->checks.load(), after_first + 3);
+}
+
+// A decode loop grows seqlen_kv by one per step: within a power-of-two bucket
+// the cached choice is re-checked on the exact spec (forward + backward of the
+// chosen candidate, no text) instead of re-running the whole selection.
+TEST_F(SelectTest, GrowingKeyCountReusesTheBucketsSelectionAfterARecheck) {
+  AttentionSpec s = mla_spec(64, 64);
+  s.seqlen_kv = 65;
+  const Plan first = Plan::make(s, Mode::training);
+  EXPECT_EQ(first.backend().name(), "fa3_like");
+  const int after_first = fake->counts->checks.load();
+  for (std::int64_t sk = 66; sk <= 128; ++sk) {
+    s.seqlen_kv = sk;
+    const Plan p = Plan::make(s, Mode::training);
+    EXPECT_EQ(p.backend().name(), "fa3_like");
+    EXPECT_EQ(p.spec().seqlen_kv, sk);
+    EXPECT_EQ(&p.selection(), &first.selection());  // the cached selection, not a new one
+  }
+  EXPECT_EQ(fake->counts->checks.load(), after_first + 2 * 63);
+  // The explanation is of the plan's own spec, not the bucket's first one.
+  EXPECT_NE(Plan::make(s, Mode::training).explain().find("Sk=128"), std::string::npos);
 }
 
 TEST_F(SelectTest, PolicyAndRegistryChangesInvalidateCache) {

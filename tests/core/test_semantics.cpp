@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "core/semantics.h"
+#include "kernel/semantics.h"
 
 namespace attend {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "attend/attend.h"
-#include "core/half.h"
+#include "kernel/half.h"
 
 namespace attend::testing {
 

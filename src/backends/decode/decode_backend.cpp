@@ -11,10 +11,11 @@
 #include <vector>
 
 #include "attend/error.h"
-#include "core/f32_range.h"
-#include "core/threads.h"
+#include "kernel/f32_range.h"
+#include "cpu/threads.h"
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
+#include "runtime/builtin.h"
 
 namespace attend {
 namespace {
@@ -33,41 +34,57 @@ std::size_t to_bytes(std::int64_t floats, std::int64_t copies) {
   return r;
 }
 
+std::vector<Variant> make_variants() {
+  std::vector<Variant> v;
+  for (cpu::Isa isa : decode::kFamilies) {
+    v.push_back({std::string(cpu::to_string(isa)), std::string(cpu::to_string(isa)) + " kernels",
+                 std::string(cpu::missing(isa)), static_cast<int>(isa)});
+  }
+  return v;
+}
+
 class DecodeBackend final : public Backend {
  public:
   explicit DecodeBackend(DecodeOptions options) : options_(options) {}
   std::string_view name() const override { return "decode"; }
+  std::span<const Variant> variants() const override { return variants_; }
 
-  Support check(const AttentionSpec& s, Pass pass) const override {
-    Support sup;
+ protected:
+  void supports(const AttentionSpec& s, Pass pass, const Target&, Support& sup) const override {
     if (pass == Pass::backward) {
-      sup.require(false, ReasonCode::no_backward,
-                  "decode has no backward pass (a forward-only split-KV inference kernel)");
+      sup.require(false, ReasonCode::no_backward, "decode has no backward pass (a forward-only split-KV inference kernel)");
     }
-    sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype,
-                "dtype=" + std::string(to_string(s.dtype)) +
-                    " is not computed by decode (f32, bf16, f16; f32 accumulation)");
+    sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype, [&] {
+      return "dtype=" + std::string(to_string(s.dtype)) + " is not computed by decode (f32, bf16, f16; f32 accumulation)";
+    });
+    sup.require(s.effective_out_dtype() == s.dtype, ReasonCode::out_dtype, [&] {
+      return "out_dtype=" + std::string(to_string(s.effective_out_dtype())) +
+             ": decode writes out in the input dtype (its own splits are combined in f32 inside)";
+    });
     detail::require_f32_logit_terms(s, name(), sup);
-    sup.require(s.seqlen_q <= options_.max_seqlen_q, ReasonCode::seqlen,
-                "seqlen_q=" + std::to_string(s.seqlen_q) + " exceeds the decode limit " +
-                    std::to_string(options_.max_seqlen_q) + " (longer query blocks run faster on flash)");
-    sup.require(s.head_dim_qk <= kDecodeMaxHeadDim, ReasonCode::head_dim_qk,
-                "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the decode limit " +
-                    std::to_string(kDecodeMaxHeadDim));
-    sup.require(s.head_dim_v <= kDecodeMaxHeadDim, ReasonCode::head_dim_v,
-                "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the decode limit " +
-                    std::to_string(kDecodeMaxHeadDim));
+    sup.require(s.seqlen_q <= options_.max_seqlen_q, ReasonCode::seqlen, [&] {
+      return "seqlen_q=" + std::to_string(s.seqlen_q) + " exceeds the decode limit " +
+             std::to_string(options_.max_seqlen_q) + " (longer query blocks run faster on flash)";
+    });
+    sup.require(s.head_dim_qk <= kDecodeMaxHeadDim, ReasonCode::head_dim_qk, [&] {
+      return "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the decode limit " +
+             std::to_string(kDecodeMaxHeadDim);
+    });
+    sup.require(s.head_dim_v <= kDecodeMaxHeadDim, ReasonCode::head_dim_v, [&] {
+      return "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the decode limit " +
+             std::to_string(kDecodeMaxHeadDim);
+    });
     if (s.seqlen_q <= options_.max_seqlen_q && s.head_dim_qk <= kDecodeMaxHeadDim && s.head_dim_v <= kDecodeMaxHeadDim) {
       const std::int64_t floats = decode::plan_splits(s).scratch_floats;
-      sup.require(floats <= kMaxScratchFloats, ReasonCode::memory,
-                  "per-thread scratch of " + std::to_string(floats) + " floats for " +
-                      std::to_string(s.group_size() * s.seqlen_q) + " query rows per kv head exceeds " +
-                      std::to_string(kMaxScratchFloats));
+      sup.require(floats <= kMaxScratchFloats, ReasonCode::memory, [&] {
+        return "per-thread scratch of " + std::to_string(floats) + " floats for " +
+               std::to_string(s.group_size() * s.seqlen_q) + " query rows per kv head exceeds " +
+               std::to_string(kMaxScratchFloats);
+      });
     }
-    return sup;
   }
 
-  std::size_t workspace_bytes(const AttentionSpec& s, Pass pass) const override {
+  std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target&) const override {
     if (pass == Pass::backward) return 0;
     const decode::SplitPlan plan = decode::plan_splits(s);
     const std::size_t scratch = to_bytes(plan.scratch_floats, detail::thread_budget());
@@ -77,9 +94,9 @@ class DecodeBackend final : public Backend {
     return total;
   }
 
- protected:
   void run_forward(const ForwardArgs& a) const override {
-    const decode::DtypeKernels& k = decode::active_kernels().for_dtype(a.spec.dtype);
+    const decode::DtypeKernels& k =
+        decode::kernels_for(decode::kFamilies[static_cast<std::size_t>(a.target.variant)]).for_dtype(a.spec.dtype);
     decode::DecodeParams p = decode::make_params(a);
     auto* base = static_cast<float*>(a.workspace.data);
     p.partial = base;
@@ -129,6 +146,7 @@ class DecodeBackend final : public Backend {
 
  private:
   DecodeOptions options_;
+  std::vector<Variant> variants_ = make_variants();
 };
 
 }  // namespace
@@ -137,6 +155,15 @@ std::shared_ptr<const Backend> make_decode_backend(DecodeOptions options) {
   return std::make_shared<const DecodeBackend>(options);
 }
 
-std::string_view decode_active_isa() { return decode::active_kernels().isa; }
+std::string_view decode_active_isa() {
+  static const auto backend = make_decode_backend();
+  return backend->variants()[static_cast<std::size_t>(backend->default_variant())].name;
+}
+
+namespace backends {
+// Priority 150: above flash, for the inference problems its check accepts
+// (few query rows), where it is faster; it has no backward, so training never lands here.
+void register_decode(detail::BuiltinBackends& list) { list.add(make_decode_backend(), 150); }
+}  // namespace backends
 
 }  // namespace attend

@@ -10,7 +10,7 @@
 //
 // Every kernel is a template on the element type E of q/k/v/bias/out (float,
 // bf16_t, f16_t): K/V rows are widened to f32 as they are loaded
-// (core/half_simd.h), so a bf16/f16 cache streams half the bytes of an f32 one
+// (cpu/half_simd.h), so a bf16/f16 cache streams half the bytes of an f32 one
 // while all arithmetic, the partials and the LSE stay f32.
 #pragma once
 
@@ -20,7 +20,8 @@
 #include <limits>
 
 #include "backends/decode/decode_params.h"
-#include "core/half_simd.h"
+#include "kernel/lse_merge.h"
+#include "cpu/half_simd.h"
 
 namespace attend::decode::ATTEND_DECODE_ISA {
 
@@ -132,7 +133,7 @@ struct RowSink {
     const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
     const float lse = l > 0 ? m + std::log(l) : kNegInf;
     if (direct) {
-      const std::int64_t row = p.spans[b].q_begin + i;
+      const std::int64_t row = p.span(b).q_begin + i;
       E* dst = static_cast<E*>(p.out) + p.so.offset(b, row, h);
       for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = detail::from_f32<E>(acc[d] * inv);
       p.lse[p.slse.offset(b, row, h)] = lse;
@@ -153,9 +154,9 @@ inline void finish_row(const DecodeParams& p, std::int64_t b, std::int64_t h, st
     const V inv = Simd::set1(1.0f / p.softcap), cap = Simd::set1(p.softcap);
     for (std::int64_t c = 0; c < kBlockN; c += W) Simd::store(s + c, Simd::mul(Simd::tanh(Simd::mul(Simd::load(s + c), inv)), cap));
   }
-  if (!p.slopes.empty()) {
-    const float slope = p.slope(b, h);
-    const std::int64_t pos = i + p.spans[b].kv_len - p.spans[b].q_len;
+  if (p.slopes.data) {
+    const float slope = p.slopes(b, h);
+    const std::int64_t pos = i + p.alibi_shift(p.span(b));
     for (std::int64_t c = lo; c < hi; ++c) s[c] -= slope * static_cast<float>(std::llabs(pos - (j0 + c)));
   }
   if (p.bias) {
@@ -191,9 +192,9 @@ inline HeadState carve(const DecodeParams& p, float* base) {
 template <class E>
 inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n,
                        const E* const* kr, const E* const* vr, const HeadState& st) {
-  const detail::SeqSpan& sp = p.spans[b];
+  const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
-  const bool plain = p.softcap == 0 && p.slopes.empty() && !p.bias;
+  const bool plain = p.softcap == 0 && !p.slopes.data && !p.bias;
   scores(st.qs, p.plan.dqkp, m, kr, n, p.dqk, st.s);
   for (std::int64_t i = 0; i < sp.q_len; ++i) {
     const detail::KeyRange vis = p.keys(b, i);
@@ -236,7 +237,8 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
       if (p.dropout) {
         const std::int64_t h = hk * g + r % g;
         for (std::int64_t c = lo; c < hi; ++c) {
-          sr[c] = p.dropout_mask.keep(b, h, i, j0 + c) ? sr[c] * p.dropout_scale : 0.0f;
+          sr[c] = p.dropout_mask.keep(b, h, i + p.mask.q_offset, j0 + c + p.mask.kv_offset) ? sr[c] * p.dropout_scale
+                                                                                              : 0.0f;
         }
       }
     }
@@ -252,7 +254,7 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
 template <class E>
 void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::int64_t hk1, std::int64_t split,
                        float* scratch) {
-  const detail::SeqSpan& sp = p.spans[b];
+  const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, dqk = p.dqk, dv = p.dv;
   const std::int64_t ldq = p.plan.dqkp, lda = p.plan.dvp;
   if (m == 0) return;
@@ -305,21 +307,18 @@ inline constexpr std::int64_t kCombineChunk = 256;  // a multiple of every W
 // (lse_s = -inf) weigh 0; a row empty in every split stays O = 0, LSE = -inf.
 template <class E>
 void combine_task(const DecodeParams& p, std::int64_t b, std::int64_t hk) {
-  const detail::SeqSpan& sp = p.spans[b];
+  const detail::SeqSpan sp = p.span(b);
   const std::int64_t ns = p.splits(b), g = p.group, dv = p.dv;
   for (std::int64_t r = 0; r < g * sp.q_len; ++r) {
     const std::int64_t i = r / g, h = hk * g + r % g, row = sp.q_begin + i;
-    float mx = kNegInf;
-    for (std::int64_t s = 0; s < ns; ++s) mx = std::max(mx, p.partial_lse(b, hk, s)[r]);
+    const auto lse_of = [&](std::int64_t s) { return p.partial_lse(b, hk, s)[r]; };
+    const float lse = detail::merged_lse<float>(ns, lse_of);  // attend::merge's formula
     E* dst = static_cast<E*>(p.out) + p.so.offset(b, row, h);
-    if (mx == kNegInf) {
+    if (lse == kNegInf) {
       std::fill(dst, dst + dv, detail::from_f32<E>(0.0f));
       p.lse[p.slse.offset(b, row, h)] = kNegInf;
       continue;
     }
-    float total = 0.0f;
-    for (std::int64_t s = 0; s < ns; ++s) total += std::exp(p.partial_lse(b, hk, s)[r] - mx);
-    const float lse = mx + std::log(total);
     // Weighted sum in f32, split by split in a fixed order, one output chunk
     // at a time; converted to E once per element.
     float acc[kCombineChunk];
@@ -327,7 +326,7 @@ void combine_task(const DecodeParams& p, std::int64_t b, std::int64_t hk) {
       const std::int64_t nd = std::min(kCombineChunk, dv - d0);
       std::fill(acc, acc + nd, 0.0f);
       for (std::int64_t s = 0; s < ns; ++s) {
-        const float w = std::exp(p.partial_lse(b, hk, s)[r] - lse);
+        const float w = detail::merge_weight(lse_of(s), lse);
         if (w == 0.0f) continue;
         const float* src = p.partial_out(b, hk, s) + r * p.plan.dvp + d0;
         std::int64_t d = 0;

@@ -39,15 +39,6 @@ DecodeParams make_params(const ForwardArgs& a) {
   DecodeParams p;
   detail::init_kernel_problem(p, s, in);
   p.plan = plan_splits(s);
-  for (std::int64_t b = 0; b < s.batch; ++b) p.spans.push_back(detail::sequence_span(s, in, b));
-  if (s.alibi) {
-    p.slopes.resize(static_cast<std::size_t>(s.batch * s.heads_q));
-    for (std::int64_t b = 0; b < s.batch; ++b) {
-      for (std::int64_t h = 0; h < s.heads_q; ++h) {
-        p.slopes[static_cast<std::size_t>(b * s.heads_q + h)] = static_cast<float>(detail::alibi_slope(s, in, b, h));
-      }
-    }
-  }
   p.out = a.out.data;
   p.so = detail::token_strides(a.out, s.layout);
   p.lse = a.lse.as<float>();

@@ -3,12 +3,11 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "attend/backend.h"
-#include "core/kernel_problem.h"
-#include "core/layout.h"
-#include "core/semantics.h"
+#include "kernel/kernel_problem.h"
+#include "kernel/layout.h"
+#include "kernel/semantics.h"
 
 namespace attend::decode {
 
@@ -38,8 +37,6 @@ SplitPlan plan_splits(const AttentionSpec& spec);
 
 struct DecodeParams : detail::KernelProblem {
   SplitPlan plan;
-  std::vector<detail::SeqSpan> spans;  // per sequence
-  std::vector<float> slopes;           // (B * H) ALiBi slopes; empty without ALiBi
 
   void* out = nullptr;
   detail::TokenStrides so;
@@ -54,7 +51,7 @@ struct DecodeParams : detail::KernelProblem {
               const E** vr) const {
     const E* kb = static_cast<const E*>(k);
     const E* vb = static_cast<const E*>(v);
-    const std::int64_t row0 = spans[b].kv_begin + t0;
+    const std::int64_t row0 = span(b).kv_begin + t0;
     if (!pages.paged()) {
       const E* kp = kb + sk.offset(b, row0, hk);
       const E* vp = vb + sv.offset(b, row0, hk);
@@ -78,17 +75,19 @@ struct DecodeParams : detail::KernelProblem {
     }
   }
   detail::KeyRange keys(std::int64_t b, std::int64_t i) const {
-    return detail::visible_keys(*spec, i, spans[b].q_len, spans[b].kv_len);
+    const detail::SeqSpan s = span(b);
+    return detail::visible_keys(mask, i, s.q_len, s.kv_len);
   }
   // Keys any query row of sequence b can see (visible ranges only grow with i).
   detail::KeyRange key_union(std::int64_t b) const {
-    if (spans[b].q_len == 0) return {};
-    const detail::KeyRange first = keys(b, 0), last = keys(b, spans[b].q_len - 1);
+    const std::int64_t q_len = span(b).q_len;
+    if (q_len == 0) return {};
+    const detail::KeyRange first = keys(b, 0), last = keys(b, q_len - 1);
     return {first.begin, std::max(first.begin, last.end)};
   }
   // Splits of sequence b: at least one (it writes the empty rows), none without queries.
   std::int64_t splits(std::int64_t b) const {
-    if (spans[b].q_len == 0) return 0;
+    if (span(b).q_len == 0) return 0;
     const detail::KeyRange u = key_union(b);
     return std::max<std::int64_t>(1, (u.end - u.begin + plan.split_len - 1) / plan.split_len);
   }
@@ -98,10 +97,9 @@ struct DecodeParams : detail::KernelProblem {
   float* partial_lse(std::int64_t b, std::int64_t hk, std::int64_t split) const {
     return partial_out(b, hk, split) + plan.max_rows * plan.dvp;
   }
-  float slope(std::int64_t b, std::int64_t h) const { return slopes.empty() ? 0.0f : slopes[b * heads_q + h]; }
 };
 
-// Throws only for allocation failure; inputs are validated before.
+// Inputs are validated before; plain values only (no allocation).
 DecodeParams make_params(const ForwardArgs& args);
 
 }  // namespace attend::decode

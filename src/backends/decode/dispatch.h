@@ -1,11 +1,13 @@
-// The decode kernels of one ISA, chosen once at run time with the same rule as
-// flash (ATTEND_ISA=avx512|avx2|scalar forces a family; else the widest the CPU has).
+// The decode kernels of one instruction-set family: decode's variants. decode
+// is memory-bound: it widens bf16 while loading and has no bf16-GEMM families,
+// so under ATTEND_ISA=avx512bf16 or avx512amx it runs its avx512 kernels.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
 
 #include "backends/decode/decode_params.h"
+#include "cpu/isa.h"
 
 namespace attend::decode {
 
@@ -30,6 +32,10 @@ KernelTable kernels_scalar();
 KernelTable kernels_avx2();
 KernelTable kernels_avx512();
 
-const KernelTable& active_kernels();
+// decode's variants, best first.
+inline constexpr cpu::Isa kFamilies[] = {cpu::Isa::avx512, cpu::Isa::avx2, cpu::Isa::scalar};
+
+// The table of a family (the caller checked that the CPU supports it).
+const KernelTable& kernels_for(cpu::Isa isa);
 
 }  // namespace attend::decode

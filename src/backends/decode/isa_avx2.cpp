@@ -9,15 +9,16 @@
 
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
-#include "core/half.h"
-#include "core/target_region.h"
+#include "kernel/lse_merge.h"
+#include "kernel/half.h"
+#include "cpu/target_region.h"
 #include <immintrin.h>
 
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 
 #define ATTEND_DECODE_ISA isa_avx2
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx2
-#include "backends/flash/simd_avx2.h"
+#include "cpu/simd_avx2.h"
 #include "backends/decode/decode_impl.h"
 ATTEND_TARGET_REGION_END()
 

@@ -9,8 +9,9 @@
 
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
-#include "core/half.h"
-#include "core/target_region.h"
+#include "kernel/lse_merge.h"
+#include "kernel/half.h"
+#include "cpu/target_region.h"
 #include <immintrin.h>
 
 ATTEND_AVX512_WARNINGS_BEGIN()
@@ -18,7 +19,7 @@ ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512)
 
 #define ATTEND_DECODE_ISA isa_avx512
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx512
-#include "backends/flash/simd_avx512.h"
+#include "cpu/simd_avx512.h"
 #include "backends/decode/decode_impl.h"
 ATTEND_TARGET_REGION_END()
 ATTEND_AVX512_WARNINGS_END()

@@ -9,11 +9,12 @@
 
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
-#include "core/half.h"
+#include "kernel/lse_merge.h"
+#include "kernel/half.h"
 
 #define ATTEND_DECODE_ISA isa_scalar
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdScalar
-#include "backends/flash/simd_scalar.h"
+#include "cpu/simd_scalar.h"
 #include "backends/decode/decode_impl.h"
 
 namespace attend::decode {

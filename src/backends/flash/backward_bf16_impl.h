@@ -144,7 +144,7 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   float* lse = dsum + BM;                                   // BM
   // ... the f32 dQ sum of the group (none when dq is f32), then the packed bf16 operands.
   auto* kb = reinterpret_cast<std::uint32_t*>(scratch + backward_scratch_floats<S>(dqk, dv) +
-                                              (p.dq_f32 ? 0 : p.group * p.spec->seqlen_q * dqk));
+                                              (p.dq_f32 ? 0 : p.group * p.seqlen_q * dqk));
   std::uint32_t* vb = kb + BN * kq;
   std::uint32_t* kt2 = vb + BN * kv;
   std::uint32_t* vt2 = kt2 + kq * BN;

@@ -46,6 +46,18 @@ inline void padded_rows(const E* src, std::int64_t ld, std::int64_t rows, std::i
   }
 }
 
+// A gradient row from its f32 sum, rounded to E once; with
+// spec.accumulate_grads added to what the row holds (which is read only then:
+// the memory may be uninitialised otherwise).
+template <class S, class E>
+inline void store_grad_row(const FlashParams& p, E* dst, const float* src, std::int64_t n) {
+  if (!p.accumulate) {
+    detail::store_row<S>(dst, src, n);
+    return;
+  }
+  for (std::int64_t d = 0; d < n; ++d) dst[d] = detail::from_f32<E>(detail::to_f32(dst[d]) + src[d]);
+}
+
 // Where dQ row i of group head g of task (b, hk) accumulates: in dq itself
 // when it is f32, else in the task's f32 sum right after the ISA's tiles.
 template <class S>
@@ -55,8 +67,10 @@ float* dq_accum_row(const FlashParams& p, std::int64_t b, std::int64_t hk, const
   return scratch + backward_scratch_floats<S>(p.dqk, p.dv) + (g * span.q_len + i) * p.dqk;
 }
 
+// With spec.accumulate_grads an f32 dq already holds the sum to add to.
 template <class S>
 void zero_dq_accum(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span, float* scratch) {
+  if (p.dq_f32 && p.accumulate) return;
   for (std::int64_t g = 0; g < p.group; ++g) {
     for (std::int64_t i = 0; i < span.q_len; ++i) {
       float* row = dq_accum_row<S>(p, b, hk, span, scratch, g, i);
@@ -73,8 +87,8 @@ void store_dq_accum(const FlashParams& p, std::int64_t b, std::int64_t hk, const
     if (p.dq_f32) return;
     for (std::int64_t g = 0; g < p.group; ++g) {
       for (std::int64_t i = 0; i < span.q_len; ++i) {
-        detail::store_row<S>(p.dq_as<E>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g),
-                             dq_accum_row<S>(p, b, hk, span, scratch, g, i), p.dqk);
+        store_grad_row<S>(p, p.dq_as<E>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g),
+                          dq_accum_row<S>(p, b, hk, span, scratch, g, i), p.dqk);
       }
     }
   }
@@ -98,8 +112,8 @@ inline void store_kv_grads(const FlashParams& p, std::int64_t b, std::int64_t hk
                            std::int64_t j0, std::int64_t n, const float* dk_acc, std::int64_t dqp,
                            const float* dv_acc, std::int64_t dvp) {
   for (std::int64_t j = 0; j < n; ++j) {
-    detail::store_row<S>(p.dk_as<E>() + p.sdk.offset(b, span.kv_begin + j0 + j, hk), dk_acc + j * dqp, p.dqk);
-    detail::store_row<S>(p.dv_as<E>() + p.sdv.offset(b, span.kv_begin + j0 + j, hk), dv_acc + j * dvp, p.dv);
+    store_grad_row<S>(p, p.dk_as<E>() + p.sdk.offset(b, span.kv_begin + j0 + j, hk), dk_acc + j * dqp, p.dqk);
+    store_grad_row<S>(p, p.dv_as<E>() + p.sdv.offset(b, span.kv_begin + j0 + j, hk), dv_acc + j * dvp, p.dv);
   }
 }
 

@@ -1,12 +1,12 @@
-// One table of kernels per ISA, chosen once at run time (CPU features, or
-// ATTEND_ISA=avx512amx|avx512bf16|avx512|avx2|scalar to force a path — forcing one the CPU lacks is
-// an attend::Error, never an illegal instruction).
+// One table of kernels per instruction-set family: flash's variants. The
+// selector picks one per problem (Target::variant), within the ATTEND_ISA policy.
 #pragma once
 
 #include <cstdint>
 #include <string_view>
 
 #include "backends/flash/flash_params.h"
+#include "cpu/isa.h"
 
 namespace attend::flash {
 
@@ -46,10 +46,16 @@ KernelTable kernels_avx512bf16();
 // avx512bf16 plus AMX-BF16: the bf16 forward and backward run on AMX tiles.
 KernelTable kernels_avx512amx();
 
-// The table for ATTEND_ISA if set, else the widest the CPU supports.
-const KernelTable& active_kernels();
-// The table for a named ISA; throws attend::Error if unknown or not supported here.
-const KernelTable& kernels_for(std::string_view isa);
-bool cpu_supports(std::string_view isa);
+// flash's variants, best first: one kernel family per instruction set. bf16
+// decides the order (the f32/f16 kernels are avx512's in the top three):
+// avx512amx first (bf16 forward/backward 2.8x/2.2x the f32 ones on an Intel
+// part with AMX), then avx512bf16 (vdpbf16ps: 1.9x/2.0x on AMD Zen 5, which has
+// no AMX), then avx512 (bf16 widened to f32 FMAs). README "bf16 and f16".
+inline constexpr cpu::Isa kFamilies[] = {cpu::Isa::avx512amx, cpu::Isa::avx512bf16, cpu::Isa::avx512, cpu::Isa::avx2,
+                                         cpu::Isa::scalar};
+inline constexpr int kNumFamilies = 5;
+
+// The table of a family (the caller checked that the CPU supports it).
+const KernelTable& kernels_for(cpu::Isa isa);
 
 }  // namespace attend::flash

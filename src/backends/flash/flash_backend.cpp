@@ -10,10 +10,11 @@
 #include <vector>
 
 #include "attend/error.h"
-#include "core/f32_range.h"
-#include "core/threads.h"
+#include "kernel/f32_range.h"
+#include "cpu/threads.h"
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
+#include "runtime/builtin.h"
 
 namespace attend {
 namespace {
@@ -28,65 +29,74 @@ std::int64_t dq_accum_floats(const AttentionSpec& s) {
   return s.effective_dq_dtype() == DType::f32 ? 0 : s.group_size() * s.seqlen_q * s.head_dim_qk;
 }
 
-// How the active kernel family computes a half dtype, said in check() so that a
-// bf16/f16 problem never runs at f32 speed without the explanation telling.
-// Without a usable family (an invalid ATTEND_ISA) there is nothing to say: the
-// run is the error that names ATTEND_ISA.
-void note_half_path(const AttentionSpec& s, Support& sup) {
-  if (s.dtype != DType::bf16 && s.dtype != DType::f16) return;
-  const flash::KernelTable* kernels = nullptr;
-  try {
-    kernels = &flash::active_kernels();
-  } catch (const Error&) {
-    return;
+std::vector<Variant> make_variants() {
+  std::vector<Variant> v;
+  for (cpu::Isa isa : flash::kFamilies) {
+    const flash::KernelTable& k = flash::kernels_for(isa);
+    std::string summary = std::string(k.isa) + " kernels";
+    if (k.bf16.half_gemms) summary += "; bf16 GEMMs on " + std::string(k.bf16.half_gemms);
+    v.push_back({std::string(cpu::to_string(isa)), summary, std::string(cpu::missing(isa)), static_cast<int>(isa)});
   }
-  const std::string isa(kernels->isa);
-  const std::string dtype(to_string(s.dtype));
-  if (const char* gemms = kernels->for_dtype(s.dtype).half_gemms) {
-    sup.note("dtype=" + dtype + ": GEMMs on " + gemms + " (kernel family " + isa + "), f32 softmax and accumulators");
-  } else {
-    sup.note("dtype=" + dtype + ": widened to f32 as tiles are packed (kernel family " + isa + " has no " + dtype +
-             " GEMM instructions), about the f32 kernels' speed");
-  }
+  return v;
 }
 
 class FlashBackend final : public Backend {
  public:
   std::string_view name() const override { return "flash"; }
+  std::span<const Variant> variants() const override { return variants_; }
 
-  Support check(const AttentionSpec& s, Pass pass) const override {
-    Support sup;
+ protected:
+  void supports(const AttentionSpec& s, Pass pass, const Target& target, Support& sup) const override {
+    const flash::KernelTable& k = table(target);
     // Every element type in both passes: bf16/f16 are widened while tiles are
     // packed and accumulate in f32 (no upcast copy of the tensors).
-    sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype,
-                "dtype=" + std::string(to_string(s.dtype)) + " is not computed by flash (f32, bf16, f16)");
+    sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype, [&] {
+      return "dtype=" + std::string(to_string(s.dtype)) + " is not computed by flash (f32, bf16, f16)";
+    });
     detail::require_f32_logit_terms(s, name(), sup);
-    note_half_path(s, sup);
-    sup.require(s.head_dim_qk <= kFlashMaxHeadDimQk, ReasonCode::head_dim_qk,
-                "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the flash limit " +
-                    std::to_string(kFlashMaxHeadDimQk));
-    sup.require(s.head_dim_v <= kFlashMaxHeadDimV, ReasonCode::head_dim_v,
-                "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the flash limit " +
-                    std::to_string(kFlashMaxHeadDimV));
+    // How the family computes a half dtype, said here so that a bf16/f16
+    // problem never runs at f32 speed without the explanation telling.
+    if (s.dtype == DType::bf16 || s.dtype == DType::f16) {
+      sup.note([&] {
+        const std::string dtype(to_string(s.dtype)), isa(k.isa);
+        if (const char* gemms = k.for_dtype(s.dtype).half_gemms) {
+          return "dtype=" + dtype + ": GEMMs on " + gemms + " (kernel family " + isa + "), f32 softmax and accumulators";
+        }
+        return "dtype=" + dtype + ": widened to f32 as tiles are packed (kernel family " + isa + " has no " + dtype +
+               " GEMM instructions), about the f32 kernels' speed";
+      });
+    }
+    sup.require(s.head_dim_qk <= kFlashMaxHeadDimQk, ReasonCode::head_dim_qk, [&] {
+      return "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the flash limit " +
+             std::to_string(kFlashMaxHeadDimQk);
+    });
+    sup.require(s.head_dim_v <= kFlashMaxHeadDimV, ReasonCode::head_dim_v, [&] {
+      return "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the flash limit " +
+             std::to_string(kFlashMaxHeadDimV);
+    });
     if (pass == Pass::backward) {
       sup.require(!s.bias_requires_grad, ReasonCode::bias_grad,
                   "bias_requires_grad=true: flash backward does not compute dbias");
       // Forward reads a paged cache in place (prefill); a cache holds no gradients.
-      sup.require(!s.paged(), ReasonCode::layout,
-                  "kv_page_size=" + std::to_string(s.kv_page_size) +
-                      ": paged K/V (a KV cache) is inference-only, flash has no backward through it");
+      sup.require(!s.paged(), ReasonCode::layout, [&] {
+        return "kv_page_size=" + std::to_string(s.kv_page_size) +
+               ": paged K/V (a KV cache) is inference-only, flash has no backward through it";
+      });
+      sup.require(s.effective_out_dtype() == s.dtype, ReasonCode::out_dtype, [&] {
+        return "out_dtype=" + std::string(to_string(s.effective_out_dtype())) +
+               ": backward reads out and dout in the input dtype (an f32 out is a forward partial; merge it first)";
+      });
     }
-    return sup;
   }
 
-  std::size_t workspace_bytes(const AttentionSpec& s, Pass pass) const override {
-    const std::int64_t per_thread = pass == Pass::forward ? forward_floats(s) : backward_floats(s);
+  std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target& target) const override {
+    const flash::KernelTable& k = table(target);
+    const std::int64_t per_thread = pass == Pass::forward ? forward_floats(k, s) : backward_floats(k, s);
     return static_cast<std::size_t>(per_thread) * sizeof(float) * static_cast<std::size_t>(detail::thread_budget());
   }
 
- protected:
   void run_forward(const ForwardArgs& a) const override {
-    const flash::KernelTable& k = flash::active_kernels();
+    const flash::KernelTable& k = table(a.target);
     const flash::DtypeKernels& kd = k.for_dtype(a.spec.dtype);
     const flash::FlashParams p = flash::make_forward_params(a);
     // Tasks: (batch, head, query block), query blocks innermost so that threads
@@ -100,33 +110,34 @@ class FlashBackend final : public Backend {
         for (std::int64_t qb = blocks - 1; qb >= 0; --qb) tasks.push_back({b, h, qb});
       }
     }
-    const std::size_t per_thread = static_cast<std::size_t>(forward_floats(a.spec));
+    const std::size_t per_thread = static_cast<std::size_t>(forward_floats(k, a.spec));
     run_parallel(a.workspace, per_thread, static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t, float* scratch) {
       kd.forward_block(p, tasks[t].b, tasks[t].h, tasks[t].qb, scratch);
     });
   }
 
   void run_backward(const BackwardArgs& a) const override {
-    const flash::KernelTable& k = flash::active_kernels();
+    const flash::KernelTable& k = table(a.target);
     const flash::DtypeKernels& kd = k.for_dtype(a.spec.dtype);
     const flash::FlashParams p = flash::make_backward_params(a);
-    const std::size_t per_thread = static_cast<std::size_t>(backward_floats(a.spec));
+    const std::size_t per_thread = static_cast<std::size_t>(backward_floats(k, a.spec));
     run_parallel(a.workspace, per_thread, p.batch * p.heads_kv, [&](std::int64_t t, float* scratch) {
       kd.backward_head(p, t / p.heads_kv, t % p.heads_kv, scratch);
     });
   }
 
  private:
-  // Floats of one thread's scratch: the ISA's tiles, the element type's extras
-  // (bf16 GEMM packs) and, for bf16/f16 backward, the f32 dQ sum.
-  static std::int64_t forward_floats(const AttentionSpec& s) {
-    const flash::KernelTable& k = flash::active_kernels();
+  static const flash::KernelTable& table(const Target& t) {
+    return flash::kernels_for(flash::kFamilies[static_cast<std::size_t>(t.variant)]);
+  }
+  // Floats of one thread's scratch: the family's tiles, the element type's
+  // extras (bf16 GEMM packs) and, for bf16/f16 backward, the f32 dQ sum.
+  static std::int64_t forward_floats(const flash::KernelTable& k, const AttentionSpec& s) {
     const flash::DtypeKernels& kd = k.for_dtype(s.dtype);
     return k.forward_scratch(s.head_dim_qk, s.head_dim_v) +
            (kd.forward_extra ? kd.forward_extra(s.head_dim_qk, s.head_dim_v) : 0);
   }
-  static std::int64_t backward_floats(const AttentionSpec& s) {
-    const flash::KernelTable& k = flash::active_kernels();
+  static std::int64_t backward_floats(const flash::KernelTable& k, const AttentionSpec& s) {
     const flash::DtypeKernels& kd = k.for_dtype(s.dtype);
     return k.backward_scratch(s.head_dim_qk, s.head_dim_v) + dq_accum_floats(s) +
            (kd.backward_extra ? kd.backward_extra(s.head_dim_qk, s.head_dim_v) : 0);
@@ -146,13 +157,27 @@ class FlashBackend final : public Backend {
       for (std::int64_t t = 0; t < tasks; ++t) fn(t, scratch);
     }
   }
+
+  std::vector<Variant> variants_ = make_variants();
 };
 
 }  // namespace
 
 std::shared_ptr<const Backend> make_flash_backend() { return std::make_shared<FlashBackend>(); }
 
-std::string_view flash_active_isa() { return flash::active_kernels().isa; }
-bool flash_isa_supported(std::string_view isa) { return flash::cpu_supports(isa); }
+std::string_view flash_active_isa() {
+  static const auto backend = make_flash_backend();
+  return backend->variants()[static_cast<std::size_t>(backend->default_variant())].name;
+}
+
+bool flash_isa_supported(std::string_view isa) {
+  const auto parsed = cpu::parse_isa(isa);
+  return parsed && cpu::supports(*parsed);
+}
+
+namespace backends {
+// Priority 100: the general training and prefill backend.
+void register_flash(detail::BuiltinBackends& list) { list.add(make_flash_backend(), 100); }
+}  // namespace backends
 
 }  // namespace attend

@@ -10,16 +10,15 @@
 #include <cstdint>
 
 #include "attend/backend.h"
-#include "core/layout.h"
-#include "core/philox.h"
-#include "core/kernel_problem.h"
-#include "core/semantics.h"
+#include "kernel/layout.h"
+#include "kernel/philox.h"
+#include "kernel/half.h"
+#include "kernel/kernel_problem.h"
+#include "kernel/semantics.h"
 
 namespace attend::flash {
 
 struct FlashParams : detail::KernelProblem {
-  const Inputs* in = nullptr;  // for sequence spans and ALiBi
-  bool masked = false;
   bool alibi = false;
 
   // forward outputs / backward inputs
@@ -36,8 +35,11 @@ struct FlashParams : detail::KernelProblem {
   // dq is f32 (always for f32 problems; spec.dq_dtype = f32 for bf16/f16): the
   // kernels then accumulate dQ in place there instead of in a scratch sum.
   bool dq_f32 = true;
+  // out is f32 for a bf16/f16 problem (spec.out_dtype = f32: a forward partial).
+  bool out_f32 = false;
+  // spec.accumulate_grads: dq/dk/dv are added to, not overwritten.
+  bool accumulate = false;
 
-  detail::SeqSpan span(std::int64_t b) const { return detail::sequence_span(*spec, *in, b); }
   // Typed views of the dtype-erased tensors (E must be the element type of `dtype`).
   template <class E> const E* q_as() const { return static_cast<const E*>(q); }
   template <class E> const E* bias_as() const { return static_cast<const E*>(bias); }
@@ -61,16 +63,20 @@ struct FlashParams : detail::KernelProblem {
     if (pages.paged()) return base + pages.offset(sv, b, s.kv_begin + t, hk);
     return base + sv.offset(b, s.kv_begin + t, hk);
   }
-  detail::KeyRange keys(std::int64_t i, const detail::SeqSpan& s) const {
-    return detail::visible_keys(*spec, i, s.q_len, s.kv_len);
-  }
-  detail::KeyRange queries(std::int64_t j, const detail::SeqSpan& s) const {
-    return detail::visible_queries(*spec, j, s.q_len, s.kv_len);
-  }
-  float slope(std::int64_t b, std::int64_t h) const {
-    return static_cast<float>(detail::alibi_slope(*spec, *in, b, h));
-  }
+  float slope(std::int64_t b, std::int64_t h) const { return slopes(b, h); }
 };
+
+// Writes one output row: acc[d] * inv in the output's dtype (E, or f32 for a partial).
+template <class E>
+inline void store_out_row(const FlashParams& p, std::int64_t offset, const float* acc, float inv) {
+  if (p.out_f32) {
+    float* dst = p.out_as<float>() + offset;
+    for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = acc[d] * inv;
+  } else {
+    E* dst = p.out_as<E>() + offset;
+    for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = detail::from_f32<E>(acc[d] * inv);
+  }
+}
 
 FlashParams make_forward_params(const ForwardArgs& args);
 FlashParams make_backward_params(const BackwardArgs& args);

@@ -163,10 +163,16 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
 
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
-    bf16_t* dst = p.out_as<bf16_t>() + p.so.offset(b, row, h);
     const float l = row_sum[r];
     const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
-    for (std::int64_t d = 0; d < dv; ++d) dst[d] = bf16_t((kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * inv);
+    const auto at = [&](std::int64_t d) { return (kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * inv; };
+    if (p.out_f32) {  // a forward partial (spec.out_dtype = f32)
+      float* dst = p.out_as<float>() + p.so.offset(b, row, h);
+      for (std::int64_t d = 0; d < dv; ++d) dst[d] = at(d);
+    } else {
+      bf16_t* dst = p.out_as<bf16_t>() + p.so.offset(b, row, h);
+      for (std::int64_t d = 0; d < dv; ++d) dst[d] = bf16_t(at(d));
+    }
     p.lse[p.slse.offset(b, row, h)] = l > 0 ? row_max[r] + std::log(l) : kNegInf;
   }
   // Back to the init state: the OS then need not save this thread's tile data.

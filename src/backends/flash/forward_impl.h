@@ -97,10 +97,9 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
 
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
-    E* dst = p.out_as<E>() + p.so.offset(b, row, h);
     const float l = row_sum[r];
     const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
-    for (std::int64_t d = 0; d < dv; ++d) dst[d] = detail::from_f32<E>(acc[r * dvp + d] * inv);
+    store_out_row<E>(p, p.so.offset(b, row, h), acc + r * dvp, inv);
     p.lse[p.slse.offset(b, row, h)] = l > 0 ? row_max[r] + std::log(l) : kNegInf;
   }
 }

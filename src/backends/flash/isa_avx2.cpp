@@ -11,14 +11,14 @@
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
-#include "core/half.h"
-#include "core/target_region.h"
+#include "kernel/half.h"
+#include "cpu/target_region.h"
 #include <immintrin.h>
 
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 
 #define ATTEND_FLASH_ISA isa_avx2
-#include "backends/flash/simd_avx2.h"
+#include "cpu/simd_avx2.h"
 #include "backends/flash/gemm_tile.h"
 #include "backends/flash/logits_tile.h"
 #include "backends/flash/forward_impl.h"

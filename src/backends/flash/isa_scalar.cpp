@@ -11,10 +11,10 @@
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
-#include "core/half.h"
+#include "kernel/half.h"
 
 #define ATTEND_FLASH_ISA isa_scalar
-#include "backends/flash/simd_scalar.h"
+#include "cpu/simd_scalar.h"
 #include "backends/flash/gemm_tile.h"
 #include "backends/flash/logits_tile.h"
 #include "backends/flash/forward_impl.h"

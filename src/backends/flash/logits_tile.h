@@ -12,7 +12,7 @@
 #include <limits>
 
 #include "backends/flash/flash_params.h"
-#include "core/half_simd.h"
+#include "cpu/half_simd.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
@@ -48,7 +48,7 @@ inline void finish_logits(const FlashParams& p, const Tile& t, float* tanh_out) 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   if (p.softcap > 0) apply_softcap<S>(p, t, tanh_out);
   const float slope = p.alibi ? p.slope(t.b, t.h) : 0.0f;
-  const std::int64_t off = t.span.kv_len - t.span.q_len;
+  const std::int64_t off = p.alibi_shift(t.span);  // row i's diagonal is i + off
   for (std::int64_t r = 0; r < t.m; ++r) {
     const std::int64_t i = t.i0 + r;
     if (p.alibi) {
@@ -84,9 +84,9 @@ inline void finish_logits(const FlashParams& p, const Tile& t, float* tanh_out) 
 // Multiplies P by keep/(1-p), the mask drawn from the shared Philox function.
 inline void apply_dropout(const FlashParams& p, const Tile& t) {
   for (std::int64_t r = 0; r < t.m; ++r) {
-    const std::int64_t i = t.i0 + r;
+    const std::int64_t i = t.i0 + r + p.mask.q_offset;  // the mask is drawn at global positions
     for (std::int64_t c = 0; c < t.n;) {
-      const std::int64_t col = t.j0 + c;
+      const std::int64_t col = t.j0 + c + p.mask.kv_offset;
       const auto words = p.dropout_mask.words(t.b, t.h, i, col >> 2);
       for (std::int64_t w = col & 3; w < 4 && c < t.n; ++w, ++c) {
         float& x = t.at(r, c);

@@ -39,6 +39,7 @@ struct BackwardCtx {
   detail::TokenStrides dos, dqs, dks, dvs;
   detail::BiasStrides dbs;
   bool dbias_direct = false;  // every dbias slice has exactly one (b, h) contributor
+  bool accumulate = false;    // spec.accumulate_grads: add into dq/dk/dv
 };
 
 // Pass 1, task (b, kv head): dQ for the group's query heads, dK/dV summed over
@@ -86,7 +87,9 @@ void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kv
       // dq is T, or f32 when a bf16/f16 problem asked for spec.dq_dtype = f32.
       const auto write_dq = [&](auto* out) {
         using D = std::remove_pointer_t<decltype(out)>;
-        for (std::int64_t d = 0; d < pr.dqk; ++d) out[d] = static_cast<D>(pr.scale * dq[d]);
+        for (std::int64_t d = 0; d < pr.dqk; ++d) {
+          out[d] = c.accumulate ? static_cast<D>(static_cast<Acc>(out[d]) + pr.scale * dq[d]) : static_cast<D>(pr.scale * dq[d]);
+        }
       };
       const std::int64_t off = c.dqs.offset(b, sp.q_begin + i, h);
       if (c.a.dq.dtype == DType::f32) write_dq(c.a.dq.template as<float>() + off);
@@ -96,8 +99,16 @@ void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kv
   for (std::int64_t j = 0; j < sk; ++j) {
     T* dk = c.a.dk.template as<T>() + c.dks.offset(b, sp.kv_begin + j, kvh);
     T* dv = c.a.dv.template as<T>() + c.dvs.offset(b, sp.kv_begin + j, kvh);
-    for (std::int64_t d = 0; d < pr.dqk; ++d) dk[d] = static_cast<T>(dk_acc[j * pr.dqk + d]);
-    for (std::int64_t d = 0; d < pr.dv; ++d) dv[d] = static_cast<T>(dv_acc[j * pr.dv + d]);
+    // Rounded once to T; with spec.accumulate_grads the sum with what was there
+    // is (never read otherwise: the memory may be uninitialised).
+    for (std::int64_t d = 0; d < pr.dqk; ++d) {
+      const Acc x = dk_acc[j * pr.dqk + d];
+      dk[d] = static_cast<T>(c.accumulate ? static_cast<Acc>(dk[d]) + x : x);
+    }
+    for (std::int64_t d = 0; d < pr.dv; ++d) {
+      const Acc x = dv_acc[j * pr.dv + d];
+      dv[d] = static_cast<T>(c.accumulate ? static_cast<Acc>(dv[d]) + x : x);
+    }
   }
 }
 
@@ -145,7 +156,8 @@ void run_backward(const BackwardArgs& a, bool acc64, bool round_inter) {
                         detail::token_strides(a.dk, lay),
                         detail::token_strides(a.dv, lay),
                         {},
-                        false};
+                        false,
+                        a.spec.accumulate_grads};
   const bool want_dbias = a.spec.has_bias && a.spec.bias_requires_grad && a.dbias.defined();
   std::int64_t slices = 0;
   if (want_dbias) {
@@ -157,10 +169,12 @@ void run_backward(const BackwardArgs& a, bool acc64, bool round_inter) {
   Sizer z;
   const BufferSizes sizes = buffer_sizes(a.spec, Pass::backward, acc64, z);
   const ScratchPlan plan = plan_scratch(a.spec, Pass::backward, acc64);
-  if (a.dq.dtype == DType::f32) fill_view(a.dq, 0.0f);
-  else fill_view(a.dq, T(0.0f));
-  fill_view(a.dk, T(0.0f));
-  fill_view(a.dv, T(0.0f));
+  if (!c.accumulate) {  // rows outside every sequence (thd) read 0
+    if (a.dq.dtype == DType::f32) fill_view(a.dq, 0.0f);
+    else fill_view(a.dq, T(0.0f));
+    fill_view(a.dk, T(0.0f));
+    fill_view(a.dv, T(0.0f));
+  }
   const Workers workers(a.workspace, plan.worker_bytes,
                         planned_workers(a.spec, std::max(pr.B * pr.Hkv, slices)));
   parallel_tasks(pr.B * pr.Hkv, workers, [&](std::int64_t t, std::byte* mem) {

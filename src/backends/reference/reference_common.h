@@ -17,10 +17,10 @@
 
 #include "attend/error.h"
 #include "backends/reference/reference_kernels.h"
-#include "core/half.h"
-#include "core/layout.h"
-#include "core/philox.h"
-#include "core/semantics.h"
+#include "kernel/half.h"
+#include "kernel/layout.h"
+#include "kernel/philox.h"
+#include "kernel/semantics.h"
 
 namespace attend::reference::impl {
 
@@ -177,10 +177,11 @@ Acc dot(const A* a, const B* b, std::int64_t n) {
 }
 
 // Everything both passes read, resolved once outside the parallel region (the
-// helpers from core/layout.h may throw; nothing inside a task does).
+// helpers from kernel/layout.h may throw; nothing inside a task does).
 template <typename T, typename Acc>
 struct Problem {
   const AttentionSpec* spec = nullptr;
+  detail::MaskRule rule;  // windows and the partial problem's offsets
   const T *q = nullptr, *k = nullptr, *v = nullptr, *bias = nullptr;
   detail::TokenStrides qs, ks, vs;
   detail::PageTable pages;  // paged K/V: ks/vs are then the pools' strides
@@ -200,6 +201,7 @@ struct Problem {
 
   Problem(const AttentionSpec& s, const Inputs& in, bool round_intermediates = false)
       : spec(&s),
+        rule(detail::mask_rule(s)),
         q(in.q.as<const T>()),
         k(in.k.as<const T>()),
         v(in.v.as<const T>()),
@@ -233,7 +235,7 @@ struct Problem {
       for (std::int64_t h = 0; h < H; ++h) slopes[b * H + h] = detail::alibi_slope(s, in, b, h);
   }
   KeyRange keys(std::int64_t b, std::int64_t i) const {
-    return detail::visible_keys(*spec, i, spans[b].q_len, spans[b].kv_len);
+    return detail::visible_keys(rule, i, spans[b].q_len, spans[b].kv_len);
   }
   const T* k_row(std::int64_t b, std::int64_t j, std::int64_t kvh) const {
     if (pages.paged()) return k + pages.offset(ks, b, spans[b].kv_begin + j, kvh);
@@ -271,7 +273,7 @@ void logits(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, Acc* S, A
         s = pr.rnd(pr.softcap * t);
         if (tanh_out) tanh_out[i * sk + j] = t;
       }
-      if (pr.spec->alibi) s = pr.rnd(s + static_cast<Acc>(detail::alibi_term(slope, i, j, sq, sk)));
+      if (pr.spec->alibi) s = pr.rnd(s + static_cast<Acc>(detail::alibi_term(pr.rule, slope, i, j, sq, sk)));
       if (bi) s = pr.rnd(s + static_cast<Acc>(bi[j]));
       row[j] = s;
     }
@@ -302,15 +304,18 @@ void round_row(const Problem<T, Acc>& pr, Acc* row, KeyRange r) {
   for (std::int64_t j = r.begin; j < r.end; ++j) row[j] = pr.rnd(row[j]);
 }
 
-// f[j] = keep(b, h, i, j) / (1 - p): one Philox call serves four columns.
+// f[j] = keep(b, h, i, j) / (1 - p), drawn at the global position
+// (q_offset + i, kv_offset + j): one Philox call serves four columns.
 template <typename T, typename Acc>
 void dropout_factors(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, std::int64_t i, KeyRange r,
                      Acc* f) {
   std::array<std::uint32_t, 4> w{};
   std::int64_t block = -1;
+  const std::int64_t row = pr.rule.q_offset + i;
   for (std::int64_t j = r.begin; j < r.end; ++j) {
-    if ((j >> 2) != block) w = pr.mask.words(b, h, i, block = j >> 2);
-    f[j] = w[j & 3] < pr.mask.threshold ? pr.keep_scale : Acc{0};
+    const std::int64_t col = pr.rule.kv_offset + j;
+    if ((col >> 2) != block) w = pr.mask.words(b, h, row, block = col >> 2);
+    f[j] = w[col & 3] < pr.mask.threshold ? pr.keep_scale : Acc{0};
   }
 }
 

@@ -38,7 +38,7 @@ std::size_t workspace_for(const ScratchPlan& plan, std::int64_t workers);
 // omp_get_max_threads()); allocates one worker's scratch itself only when the
 // caller passed less than that. Throws attend::Error(out_of_memory) on
 // allocation failure. Preconditions: spec and tensors validated, dtype f32/f64.
-// bf16/f16 inputs are upcast element by element (core/half.h) and computed in
+// bf16/f16 inputs are upcast element by element (kernel/half.h) and computed in
 // the accumulation type; LSE is f32 for them. round_intermediates rounds every
 // intermediate matrix to the input dtype (ReferenceOptions).
 void forward(const ForwardArgs& args, bool accumulate_f64, bool round_intermediates = false);

@@ -15,7 +15,7 @@
 
 #include "attend/attend.h"
 #include "attend/backends/reference.h"
-#include "core/philox.h"
+#include "kernel/philox.h"
 
 namespace reftest {
 
@@ -47,7 +47,7 @@ inline std::vector<std::int64_t> token_shape(const AttentionSpec& s, std::int64_
 }
 
 // Element offset of logical (b, token, h, d) in a dense-layout view; written
-// from the layout definitions in tensor.h, not from core/layout.h.
+// from the layout definitions in tensor.h, not from kernel/layout.h.
 inline std::int64_t offset(const TensorView& t, Layout layout, std::int64_t b, std::int64_t s, std::int64_t h,
                            std::int64_t d) {
   switch (layout) {

@@ -1,0 +1,57 @@
+// AVX-512F: 16 floats per register. Compiled only inside a TU section that
+// enables the avx512 target (see isa_avx512.cpp).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "cpu/simd_exp.h"
+
+namespace attend::flash {
+
+struct SimdAvx512 {
+  using V = __m512;
+  static constexpr int W = 16;
+  static constexpr const char* name = "avx512";
+
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
+  static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
+  static V exp(V x) {
+    // exp(x) = 2^n * p(f) via scalef, which handles the exponent without integer tricks.
+    // The clamps take x second (vmaxps/vminps return the second operand when
+    // either is NaN) and the flush below keeps unordered lanes: exp(NaN) = NaN.
+    const V t = _mm512_max_ps(set1(-126.0f), _mm512_mul_ps(x, set1(kLog2e)));
+    const V n = _mm512_roundscale_ps(_mm512_min_ps(set1(127.0f), t), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V f = _mm512_sub_ps(t, n);
+    V p = set1(kExp2C[kExp2Degree]);
+    for (int i = kExp2Degree - 1; i >= 0; --i) p = _mm512_fmadd_ps(p, f, set1(kExp2C[i]));
+    const V r = _mm512_scalef_ps(p, n);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(kExpUnderflow), _CMP_NLT_UQ), r);
+  }
+  static V tanh(V x) {
+    const V ax = _mm512_abs_ps(x);
+    const V e = exp(_mm512_mul_ps(ax, set1(2.0f)));
+    const V t = _mm512_sub_ps(set1(1.0f), _mm512_div_ps(set1(2.0f), _mm512_add_ps(e, set1(1.0f))));
+    // t >= 0: put x's sign bit on it.
+    const __m512i sign = _mm512_and_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+    const V far = _mm512_castsi512_ps(_mm512_or_epi32(_mm512_castps_si512(t), sign));
+    // Near 0 the series (see simd_exp.h), which keeps the sign by itself.
+    const V x2 = _mm512_mul_ps(x, x);
+    V p = set1(kTanhSeries[kTanhSeriesTerms - 1]);
+    for (int i = kTanhSeriesTerms - 2; i >= 0; --i) p = _mm512_fmadd_ps(p, x2, set1(kTanhSeries[i]));
+    const V near = _mm512_fmadd_ps(_mm512_mul_ps(x, x2), p, x);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(ax, set1(kTanhSeriesBound), _CMP_LT_OQ), far, near);
+  }
+};
+
+}  // namespace attend::flash

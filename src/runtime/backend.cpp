@@ -1,0 +1,161 @@
+#include "attend/backend.h"
+
+#include <memory>
+#include <new>
+#include <string>
+
+#include "attend/error.h"
+#include "runtime/backend_gate.h"
+#include "runtime/policy_state.h"
+
+namespace attend {
+
+std::string_view to_string(ReasonCode code) {
+  switch (code) {
+    case ReasonCode::dtype: return "dtype";
+    case ReasonCode::head_dim_qk: return "head_dim_qk";
+    case ReasonCode::head_dim_v: return "head_dim_v";
+    case ReasonCode::head_dim_mismatch: return "head_dim_mismatch";
+    case ReasonCode::layout: return "layout";
+    case ReasonCode::varlen: return "varlen";
+    case ReasonCode::gqa: return "gqa";
+    case ReasonCode::mask: return "mask";
+    case ReasonCode::softcap: return "softcap";
+    case ReasonCode::alibi: return "alibi";
+    case ReasonCode::bias: return "bias";
+    case ReasonCode::bias_grad: return "bias_grad";
+    case ReasonCode::dropout: return "dropout";
+    case ReasonCode::deterministic: return "deterministic";
+    case ReasonCode::no_backward: return "no_backward";
+    case ReasonCode::seqlen: return "seqlen";
+    case ReasonCode::memory: return "memory";
+    case ReasonCode::other: return "other";
+    case ReasonCode::device: return "device";
+    case ReasonCode::variant: return "variant";
+    case ReasonCode::positions: return "positions";
+    case ReasonCode::out_dtype: return "out_dtype";
+    case ReasonCode::accumulate: return "accumulate";
+  }
+  return "other";
+}
+
+std::string Support::to_string() const {
+  if (ok()) return "ok";
+  std::string s;
+  for (const Reason& r : reasons) {
+    if (!s.empty()) s += "; ";
+    s += r.message;
+  }
+  return s;
+}
+
+std::span<const Variant> Backend::variants() const {
+  static const Variant kDefault{"default", "", "", -1};
+  return {&kDefault, 1};
+}
+
+int Backend::find_variant(std::string_view name) const {
+  const auto all = variants();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+int Backend::default_variant() const {
+  const int cap = detail::policy_isa_cap();  // throws for an ISA this CPU lacks
+  const auto all = variants();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (all[i].unavailable.empty() && all[i].isa_level <= cap) return static_cast<int>(i);
+  }
+  throw Error(ErrorCode::unsupported, "backend", std::string(name()),
+              "no variant of this backend can run here within the ISA policy");
+}
+
+Target Backend::resolve(const Target& target) const {
+  Target t = target;
+  if (t.variant < 0) t.variant = default_variant();
+  if (static_cast<std::size_t>(t.variant) >= variants().size()) {
+    throw Error(ErrorCode::invalid_argument, "target.variant", std::to_string(t.variant),
+                std::string(name()) + " has " + std::to_string(variants().size()) + " variants");
+  }
+  return t;
+}
+
+Support Backend::check(const AttentionSpec& spec, Pass pass, const Target& target, Support::Detail detail) const {
+  Support sup(detail);
+  const Target t = resolve(target);
+  sup.require(serves(t.device.kind), ReasonCode::device, [&] {
+    return "tensors on " + to_string(t.device) + ": " + std::string(name()) + " does not serve " +
+           std::string(to_string(t.device.kind)) + " memory";
+  });
+  const Variant& v = variants()[static_cast<std::size_t>(t.variant)];
+  sup.require(v.unavailable.empty(), ReasonCode::variant, [&] { return "variant " + v.name + ": " + v.unavailable; });
+  if (!sup.ok()) return sup;
+  supports(spec, pass, t, sup);
+  return sup;
+}
+
+std::size_t Backend::workspace_bytes(const AttentionSpec& spec, Pass pass, const Target& target) const {
+  return scratch_bytes(spec, pass, resolve(target));
+}
+
+namespace detail {
+
+void require_support(const Backend& backend, const AttentionSpec& spec, Pass pass, const Target& target) {
+  const Support support = backend.check(spec, pass, target);
+  if (!support.ok()) {
+    throw Error(ErrorCode::unsupported, "backend", std::string(backend.name()),
+                std::string(to_string(pass)) + " not supported for " + describe(spec) + ": " + support.to_string());
+  }
+}
+
+ScopedWorkspace::ScopedWorkspace(std::size_t need, const Workspace& given, Allocator* allocator, Device device,
+                                 std::string_view backend, Pass pass)
+    : ws(given) {
+  if (need == 0) return;
+  if (given.data == nullptr) {
+    alloc_ = allocator ? allocator : &host_allocator();
+    device_ = device;
+    try {
+      ws = {alloc_->allocate(need, device), need};
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::out_of_memory, "workspace.bytes", std::to_string(need), "allocation failed");
+    }
+  } else if (given.bytes < need) {
+    throw Error(ErrorCode::invalid_argument, "workspace.bytes", std::to_string(given.bytes),
+                std::string(backend) + " " + std::string(to_string(pass)) + " needs " + std::to_string(need) + " bytes of workspace", std::to_string(need));
+  }
+}
+
+ScopedWorkspace::~ScopedWorkspace() {
+  if (alloc_ && ws.data) alloc_->deallocate(ws.data, ws.bytes, device_);
+}
+
+}  // namespace detail
+
+void Backend::forward(const ForwardArgs& args) const {
+  validate_forward(args);
+  ForwardArgs run = args;
+  run.target = resolve(args.target);
+  run.target.device = args.in.q.device;
+  detail::require_support(*this, args.spec, Pass::forward, run.target);
+  const detail::ScopedWorkspace scratch(scratch_bytes(args.spec, Pass::forward, run.target), args.workspace, nullptr,
+                                        run.target.device, name(), Pass::forward);
+  run.workspace = scratch.ws;
+  detail::with_alloc_errors(name(), Pass::forward, [&] { run_forward(run); });
+}
+
+void Backend::backward(const BackwardArgs& args) const {
+  validate_backward(args);
+  BackwardArgs run = args;
+  run.target = resolve(args.target);
+  run.target.device = args.in.q.device;
+  detail::require_support(*this, args.spec, Pass::backward, run.target);
+  const detail::ScopedWorkspace scratch(scratch_bytes(args.spec, Pass::backward, run.target), args.workspace, nullptr,
+                                        run.target.device, name(), Pass::backward);
+  run.workspace = scratch.ws;
+  detail::with_alloc_errors(name(), Pass::backward, [&] { run_backward(run); });
+}
+
+}  // namespace attend

@@ -1,0 +1,141 @@
+// Rendering of a Selection: the verdict table (for people) and JSON (for tools).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "attend/select.h"
+
+namespace attend {
+
+namespace {
+
+std::string pass_cell(const std::optional<Support>& s) {
+  if (!s) return "n/a";
+  return s->ok() ? "ok" : "NO";
+}
+
+std::string verdict_cell(const Verdict& v) {
+  if (v.chosen) return "chosen";
+  if (v.disabled) return "disabled by policy";
+  if (v.not_forced) return "skipped: another backend or variant is forced";
+  if (!v.variant_excluded.empty()) return "excluded: " + v.variant_excluded;
+  if (v.viable) return "viable (lower priority)";
+  return "rejected";
+}
+
+bool same_details(const Verdict& a, const Verdict& b) {
+  const auto same = [](const Support& x, const Support& y) {
+    if (x.reasons.size() != y.reasons.size() || x.notes != y.notes) return false;
+    for (std::size_t i = 0; i < x.reasons.size(); ++i) {
+      if (x.reasons[i].code != y.reasons[i].code || x.reasons[i].message != y.reasons[i].message) return false;
+    }
+    return true;
+  };
+  return same(a.forward, b.forward) && a.backward.has_value() == b.backward.has_value() &&
+         (!a.backward || same(*a.backward, *b.backward));
+}
+
+std::string pad(std::string s, std::size_t width) {
+  if (s.size() < width) s.append(width - s.size(), ' ');
+  return s;
+}
+
+std::string json_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+std::string support_json(const Support& s) {
+  std::string out = "{\"supported\": " + std::string(s.ok() ? "true" : "false") + ", \"reasons\": [";
+  for (std::size_t i = 0; i < s.reasons.size(); ++i) {
+    out += (i ? ", " : "") + std::string("{\"code\": \"") + std::string(to_string(s.reasons[i].code)) +
+           "\", \"message\": \"" + json_escape(s.reasons[i].message) + "\"}";
+  }
+  out += "], \"notes\": [";
+  for (std::size_t i = 0; i < s.notes.size(); ++i) out += (i ? ", \"" : "\"") + json_escape(s.notes[i]) + "\"";
+  return out + "]}";
+}
+
+}  // namespace
+
+std::string Selection::explain() const {
+  std::size_t name_w = 7, var_w = 7;
+  for (const auto& v : verdicts) {
+    name_w = std::max(name_w, v.backend.size());
+    var_w = std::max(var_w, v.variant.size());
+  }
+  name_w += 2;
+  var_w += 2;
+  std::string out = "problem: " + spec_summary + "\nmode:    " + std::string(to_string(mode)) + " (needs " +
+                    (mode == Mode::training ? "forward + backward" : "forward") + ")" +
+                    (device.is_host() ? "" : ", tensors on " + to_string(device)) + "\n";
+  out += pad("backend", name_w) + pad("variant", var_w) + pad("priority", 10) + pad("forward", 9) +
+         pad("backward", 10) + "verdict / reasons\n";
+  out += std::string(name_w + var_w + 29 + 17, '-') + "\n";
+  const Verdict* shown = nullptr;  // the last row whose details were printed
+  for (const auto& v : verdicts) {
+    // A variant this process cannot run gets one line: its checks add nothing.
+    const bool unavailable = v.forward.failed(ReasonCode::variant);
+    out += pad(v.backend, name_w) + pad(v.variant, var_w) + pad(std::to_string(v.priority), 10) +
+           pad(unavailable ? "-" : pass_cell(v.forward), 9) + pad(unavailable ? "-" : pass_cell(v.backward), 10) +
+           verdict_cell(v) + "\n";
+    if (unavailable) continue;
+    // Variants of one backend usually agree: say so instead of repeating them.
+    if (shown && shown->backend == v.backend && same_details(*shown, v) &&
+        (!v.forward.reasons.empty() || !v.forward.notes.empty() || (v.backward && !v.backward->reasons.empty()))) {
+      out += std::string(name_w, ' ') + "(same reasons and notes as " + shown->variant + ")\n";
+      continue;
+    }
+    // Reasons of a declined pass; notes only of a supported one (how it will run).
+    const auto details = [&](const char* pass, const Support& s) {
+      for (const Reason& r : s.reasons) {
+        out += std::string(name_w, ' ') + "- " + pass + ": " + r.message + " [" + std::string(to_string(r.code)) + "]\n";
+      }
+      if (!s.ok()) return;
+      for (const std::string& n : s.notes) out += std::string(name_w, ' ') + "note " + pass + ": " + n + "\n";
+    };
+    details("forward", v.forward);
+    if (v.backward) details("backward", *v.backward);
+    shown = &v;
+  }
+  if (backend) out += "selected: " + std::string(backend->name()) + " (" + std::string(variant_name()) + ")\n";
+  return out;
+}
+
+std::string Selection::to_json() const {
+  std::string out = "{\"problem\": \"" + json_escape(spec_summary) + "\", \"mode\": \"" +
+                    std::string(to_string(mode)) + "\", \"device\": \"" + to_string(device) +
+                    "\", \"selected\": " + (backend ? "\"" + json_escape(backend->name()) + "\"" : std::string("null")) +
+                    ", \"selected_variant\": " +
+                    (backend ? "\"" + json_escape(variant_name()) + "\"" : std::string("null")) + ", \"backends\": [";
+  for (std::size_t i = 0; i < verdicts.size(); ++i) {
+    const Verdict& v = verdicts[i];
+    out += (i ? ", " : "") + std::string("{\"name\": \"") + json_escape(v.backend) + "\", \"variant\": \"" +
+           json_escape(v.variant) + "\", \"priority\": " + std::to_string(v.priority) +
+           ", \"forward\": " + support_json(v.forward) +
+           ", \"backward\": " + (v.backward ? support_json(*v.backward) : std::string("null")) +
+           ", \"disabled\": " + (v.disabled ? "true" : "false") +
+           ", \"not_forced\": " + (v.not_forced ? "true" : "false") + ", \"variant_excluded\": " +
+           (v.variant_excluded.empty() ? std::string("null") : "\"" + json_escape(v.variant_excluded) + "\"") +
+           ", \"viable\": " + (v.viable ? "true" : "false") + ", \"chosen\": " + (v.chosen ? "true" : "false") + "}";
+  }
+  return out + "]}";
+}
+
+}  // namespace attend

@@ -1,0 +1,157 @@
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "attend/error.h"
+#include "attend/registry.h"
+#include "attend/select.h"
+#include "cpu/isa.h"
+#include "runtime/policy_state.h"
+
+namespace attend {
+
+namespace {
+
+std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream is{std::string(text)};
+  while (std::getline(is, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+std::shared_ptr<const detail::PolicySnapshot> make_snapshot(Policy policy) {
+  static std::atomic<std::uint64_t> next_id{1};
+  auto s = std::make_shared<detail::PolicySnapshot>();
+  s->key = detail::policy_key(policy);
+  s->id = next_id.fetch_add(1);
+  // An invalid ATTEND_ISA is reported when it is used (selection), not here:
+  // a process that never selects must not fail because of it.
+  try {
+    s->isa_cap = detail::isa_cap(policy);
+  } catch (const Error&) {
+    s->isa_cap = -2;  // isa_cap() is asked again, and throws, at use
+  }
+  s->policy = std::move(policy);
+  return s;
+}
+
+struct PolicyState {
+  std::mutex mutex;
+  std::shared_ptr<const detail::PolicySnapshot> snapshot;
+};
+
+PolicyState& state() {
+  static PolicyState s;
+  return s;
+}
+
+std::string registered_names() {
+  std::string s;
+  for (const auto& e : Registry::global().backends()) s += (s.empty() ? "" : ", ") + std::string(e.backend->name());
+  return s;
+}
+
+}  // namespace
+
+Policy Policy::from_env() {
+  Policy p;
+  p.force_source = "ATTEND_BACKEND";
+  p.disabled_source = "ATTEND_DISABLE";
+  p.isa_source = "ATTEND_ISA";
+  if (const char* force = std::getenv("ATTEND_BACKEND"); force && *force) p.force = force;
+  if (const char* disabled = std::getenv("ATTEND_DISABLE")) p.disabled = split_list(disabled);
+  if (const char* isa = std::getenv("ATTEND_ISA"); isa && *isa) p.isa = isa;
+  if (const char* log = std::getenv("ATTEND_LOG"); log && *log) {
+    const std::string_view v(log);
+    if (v == "info") p.log = LogLevel::info;
+    else if (v == "debug") p.log = LogLevel::debug;
+    else if (v == "off" || v == "0") p.log = LogLevel::off;
+    else throw Error(ErrorCode::invalid_argument, "ATTEND_LOG", std::string(v), "expected off, info or debug");
+  }
+  return p;
+}
+
+void validate_policy(const Policy& p) {
+  const Registry& reg = Registry::global();
+  if (p.force) {
+    const std::string& f = *p.force;
+    const auto colon = f.find(':');
+    const std::string name = f.substr(0, colon);
+    const auto backend = reg.find(name);
+    if (!backend) {
+      throw Error(ErrorCode::invalid_argument, p.force_source, f,
+                  "no registered backend has this name (registered: " + registered_names() + ")");
+    }
+    if (colon != std::string::npos && backend->find_variant(std::string_view(f).substr(colon + 1)) < 0) {
+      std::string names;
+      for (const Variant& v : backend->variants()) names += (names.empty() ? "" : ", ") + v.name;
+      throw Error(ErrorCode::invalid_argument, p.force_source, f,
+                  "backend " + name + " has no such variant (variants: " + names + ")");
+    }
+  }
+  for (const auto& d : p.disabled) {
+    if (!reg.find(d)) {
+      throw Error(ErrorCode::invalid_argument, p.disabled_source, d,
+                  "no registered backend has this name (registered: " + registered_names() + ")");
+    }
+  }
+  (void)detail::isa_cap(p);
+}
+
+Policy current_policy() { return detail::policy_snapshot()->policy; }
+
+void set_policy(Policy policy) {
+  validate_policy(policy);
+  auto snap = make_snapshot(std::move(policy));
+  {
+    PolicyState& s = state();
+    std::lock_guard lock(s.mutex);
+    s.snapshot = std::move(snap);
+  }
+  clear_selection_cache();
+}
+
+namespace detail {
+
+std::shared_ptr<const PolicySnapshot> policy_snapshot() {
+  PolicyState& s = state();
+  std::lock_guard lock(s.mutex);
+  if (!s.snapshot) s.snapshot = make_snapshot(Policy::from_env());
+  return s.snapshot;
+}
+
+std::string policy_key(const Policy& p) {
+  std::string key = p.force ? "force=" + *p.force : "auto";
+  for (const auto& d : p.disabled) key += ",-" + d;
+  if (p.isa) key += ",isa=" + *p.isa;
+  key += ",log=" + std::to_string(static_cast<int>(p.log));
+  return key;
+}
+
+int isa_cap(const Policy& p) {
+  if (!p.isa) return static_cast<int>(cpu::Isa::avx512amx);
+  const auto isa = cpu::parse_isa(*p.isa);
+  if (!isa) {
+    throw Error(ErrorCode::invalid_argument, p.isa_source, *p.isa, "expected " + std::string(cpu::isa_names()));
+  }
+  if (!cpu::supports(*isa)) {
+    throw Error(ErrorCode::unsupported, p.isa_source, *p.isa,
+                "this CPU does not support that instruction set (" + std::string(cpu::missing(*isa)) + ")");
+  }
+  return static_cast<int>(*isa);
+}
+
+int policy_isa_cap() {
+  const auto snap = policy_snapshot();
+  return snap->isa_cap >= -1 ? snap->isa_cap : isa_cap(snap->policy);
+}
+
+}  // namespace detail
+
+}  // namespace attend

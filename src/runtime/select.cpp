@@ -1,0 +1,262 @@
+// The selector: one pass over the registered backends in priority order and
+// over each backend's variants in its own order, asking each (backend, variant)
+// for every pass the mode needs. Readable top to bottom on purpose.
+#include "attend/select.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "attend/error.h"
+#include "attend/registry.h"
+#include "attend/spec_fields.h"
+#include "runtime/policy_state.h"
+#include "runtime/select_cache.h"
+
+namespace attend {
+
+namespace {
+
+// --- evaluation ------------------------------------------------------------------
+
+struct Forced {
+  std::string backend, variant;  // variant empty: any
+};
+
+Forced parse_force(const Policy& policy) {
+  if (!policy.force) return {};
+  const std::string& f = *policy.force;
+  const auto colon = f.find(':');
+  if (colon == std::string::npos) return {f, ""};
+  return {f.substr(0, colon), f.substr(colon + 1)};
+}
+
+std::shared_ptr<Selection> evaluate_all(const AttentionSpec& spec, Mode mode, const Policy& policy, Device device,
+                                        std::vector<detail::Candidate>* candidates) {
+  validate_policy(policy);
+  const int cap = detail::isa_cap(policy);
+  const Forced forced = parse_force(policy);
+  auto sel = std::make_shared<Selection>();
+  sel->mode = mode;
+  sel->device = device;
+  sel->spec_summary = describe(spec);
+  for (const auto& e : Registry::global().backends()) {
+    const std::string name(e.backend->name());
+    const auto variants = e.backend->variants();
+    const bool disabled = std::find(policy.disabled.begin(), policy.disabled.end(), name) != policy.disabled.end();
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      const Variant& var = variants[i];
+      Verdict v;
+      v.backend = name;
+      v.variant = var.name;
+      v.priority = e.priority;
+      v.disabled = disabled;
+      v.not_forced = policy.force && (forced.backend != name || (!forced.variant.empty() && forced.variant != var.name));
+      if (!var.unavailable.empty()) {
+        v.variant_excluded = var.unavailable;
+      } else if (var.isa_level > cap) {
+        v.variant_excluded = policy.isa_source + "=" + *policy.isa + " excludes this kernel family";
+      }
+      const Target target{device, static_cast<int>(i)};
+      v.forward = e.backend->check(spec, Pass::forward, target);
+      if (mode == Mode::training) v.backward = e.backend->check(spec, Pass::backward, target);
+      const bool eligible = !v.disabled && !v.not_forced && v.variant_excluded.empty();
+      v.viable = eligible && v.forward.ok() && (!v.backward || v.backward->ok());
+      if (candidates && !sel->backend) candidates->push_back({e.backend, static_cast<int>(i), eligible});
+      if (v.viable && !sel->backend) {
+        v.chosen = true;
+        sel->backend = e.backend;
+        sel->variant = static_cast<int>(i);
+      }
+      sel->verdicts.push_back(std::move(v));
+    }
+  }
+  return sel;
+}
+
+[[noreturn]] void throw_unfit(const Selection& sel, const Policy& policy) {
+  const std::string mode(to_string(sel.mode));
+  const std::string what = policy.force
+                               ? "forced backend '" + *policy.force + "' cannot run this problem in " + mode + " mode"
+                               : "no registered backend can run this problem in " + mode + " mode";
+  throw Error(ErrorCode::unsupported, policy.force ? policy.force_source : "backend",
+              policy.force ? *policy.force : "none", what + "\n" + sel.explain());
+}
+
+// --- the cache ---------------------------------------------------------------------
+
+// The key: every selecting spec field as one word (bucketed sizes by their
+// power-of-two bucket), then mode, device, policy and registry generation.
+// Fixed size and built without allocating, so a cache hit allocates nothing.
+constexpr std::size_t kKeyWords = 48;
+struct Key {
+  std::array<std::uint64_t, kKeyWords> w{};
+  bool operator==(const Key&) const = default;
+};
+struct KeyHash {
+  std::size_t operator()(const Key& k) const {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (std::uint64_t x : k.w) h = (h ^ x) * 1099511628211ull;
+    return static_cast<std::size_t>(h);
+  }
+};
+
+std::uint64_t word(const AttentionSpec& s, const SpecField& f) {
+  return std::visit(
+      [&](auto member) -> std::uint64_t {
+        const auto& v = s.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, double>) return std::bit_cast<std::uint64_t>(v);
+        else if constexpr (std::is_same_v<T, std::optional<double>>) return v ? std::bit_cast<std::uint64_t>(*v) : 0x7ff8dead0000beefull;
+        else if constexpr (std::is_same_v<T, std::optional<DType>>) return v ? static_cast<std::uint64_t>(*v) + 1 : 0;
+        else if constexpr (std::is_same_v<T, std::int64_t>) {
+          if (f.key == KeyUse::bucket) return v <= 0 ? static_cast<std::uint64_t>(v) : std::bit_width(static_cast<std::uint64_t>(v - 1)) + (std::uint64_t{1} << 62);
+          return static_cast<std::uint64_t>(v);
+        } else {
+          return static_cast<std::uint64_t>(v);
+        }
+      },
+      f.member);
+}
+
+Key make_key(const AttentionSpec& s, Mode mode, Device device, std::uint64_t policy_id, std::uint64_t generation) {
+  static_assert(kKeyWords >= 4, "room for mode, device, policy, generation");
+  Key k;
+  std::size_t n = 0;
+  for (const SpecField& f : spec_fields()) {
+    if (f.key == KeyUse::none) continue;
+    k.w[n++] = word(s, f);
+  }
+  k.w[n++] = static_cast<std::uint64_t>(mode);
+  k.w[n++] = (static_cast<std::uint64_t>(device.kind) << 32) | static_cast<std::uint32_t>(device.index);
+  k.w[n++] = policy_id;
+  k.w[n++] = generation;
+  return k;
+}
+
+struct Entry {
+  std::shared_ptr<const Selection> selection;
+  std::vector<detail::Candidate> candidates;  // every (backend, variant) up to the chosen one
+  AttentionSpec spec;                         // the problem it was computed for
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::unordered_map<Key, std::shared_ptr<const Entry>, KeyHash> entries;
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+// Bounded so that a long run over ever-changing shapes cannot grow without limit.
+constexpr std::size_t kMaxCachedSelections = 4096;
+
+bool same_problem(const AttentionSpec& a, const AttentionSpec& b) {
+  for (const SpecField& f : spec_fields()) {
+    if (f.key == KeyUse::none) continue;
+    if (f.key == KeyUse::bucket) {
+      const auto m = std::get<std::int64_t AttentionSpec::*>(f.member);  // buckets are sizes
+      if (a.*m != b.*m) return false;
+    } else if (word(a, f) != word(b, f)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A cached choice made for another problem of the same bucket still holds for
+// `spec` when every candidate ranked above it still declines and it still
+// accepts: the checks re-run without text (Support::Detail::codes).
+bool still_holds(const Entry& e, const AttentionSpec& spec, Mode mode, Device device) {
+  const auto passes = [&](const detail::Candidate& c) {
+    const Target t{device, c.variant};
+    if (!c.backend->check(spec, Pass::forward, t, Support::Detail::codes).ok()) return false;
+    return mode != Mode::training || c.backend->check(spec, Pass::backward, t, Support::Detail::codes).ok();
+  };
+  for (std::size_t i = 0; i + 1 < e.candidates.size(); ++i) {
+    if (e.candidates[i].eligible && passes(e.candidates[i])) return false;
+  }
+  return passes(e.candidates.back());
+}
+
+}  // namespace
+
+std::string_view Selection::variant_name() const {
+  if (!backend || variant < 0) return {};
+  return backend->variants()[static_cast<std::size_t>(variant)].name;
+}
+
+namespace detail {
+
+std::shared_ptr<const Selection> select_shared(const AttentionSpec& spec, Mode mode, const Policy* policy,
+                                               Device device) {
+  validate(spec);
+  // The process-wide policy is a snapshot (no copy); an explicit one is keyed by its text.
+  std::shared_ptr<const PolicySnapshot> snap;
+  std::uint64_t policy_id = 0;
+  if (policy) {
+    policy_id = std::hash<std::string>{}(policy_key(*policy)) | (std::uint64_t{1} << 63);
+  } else {
+    snap = policy_snapshot();
+    policy_id = snap->id;
+  }
+  const Policy& pol = policy ? *policy : snap->policy;
+  const Key key = make_key(spec, mode, device, policy_id, Registry::global().generation());
+  Cache& c = cache();
+  std::shared_ptr<const Entry> hit;
+  {
+    std::lock_guard lock(c.mutex);
+    if (auto it = c.entries.find(key); it != c.entries.end()) hit = it->second;
+  }
+  if (hit && (same_problem(hit->spec, spec) || still_holds(*hit, spec, mode, device))) {
+    if (pol.log == LogLevel::debug) {
+      std::cerr << "[attend] " << hit->selection->backend->name() << ":" << hit->selection->variant_name()
+                << " (cached) for " << describe(spec) << " [" << to_string(mode) << "]\n";
+    }
+    return hit->selection;
+  }
+  // Checks run outside the lock: they are pure, and a user backend's check may be slow.
+  auto entry = std::make_shared<Entry>();
+  std::shared_ptr<Selection> sel = evaluate_all(spec, mode, pol, device, &entry->candidates);
+  if (!sel->backend) throw_unfit(*sel, pol);
+  if (pol.log != LogLevel::off) std::cerr << "[attend] new selection\n" << sel->explain();
+  entry->selection = sel;
+  entry->spec = spec;
+  std::lock_guard lock(c.mutex);
+  if (c.entries.size() >= kMaxCachedSelections) c.entries.clear();
+  c.entries.insert_or_assign(key, std::move(entry));
+  return sel;
+}
+
+}  // namespace detail
+
+Selection select(const AttentionSpec& spec, Mode mode, const Policy& policy, Device device) {
+  std::shared_ptr<const Selection> sel = detail::select_shared(spec, mode, &policy, device);
+  if (sel->spec_summary != describe(spec)) return *evaluate_all(spec, mode, policy, device, nullptr);
+  return *sel;
+}
+
+Selection select(const AttentionSpec& spec, Mode mode) {
+  const auto snap = detail::policy_snapshot();
+  return select(spec, mode, snap->policy);
+}
+
+Selection evaluate(const AttentionSpec& spec, Mode mode, const Policy& policy, Device device) {
+  validate(spec);
+  return *evaluate_all(spec, mode, policy, device, nullptr);
+}
+
+void clear_selection_cache() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mutex);
+  c.entries.clear();
+}
+
+}  // namespace attend
