@@ -7,13 +7,14 @@ namespace impl {
 namespace {
 
 // ds[r] <- dL/ds_ij for row i of (b, h) given its probabilities p. With
-// dropout, P' = P*f, dP'_ij = dO_i.v_j and dP = dP'*f. D_i = sum_j P'_ij dP'_ij
-// equals rowsum(dO_i * O_i); it is formed from the recomputed P' rather than
-// the stored O so that f32 rounding of O cannot leak into the oracle.
+// dropout, P' = P*f, dP'_ij = dO_i.v_j and dP = dP'*f. D_i = rowsum(dO_i * O_i):
+// `forward_D` when the block is part of a bigger row (forward_row), else
+// D_i = sum_j P'_ij dP'_ij formed from the recomputed P' rather than the
+// stored O, so that f32 rounding of O cannot leak into the oracle.
 // dv_acc (optional) accumulates P'^T dO for the kv head.
 template <typename T, typename Acc>
 void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, std::int64_t i, KeyRange r,
-                    const Acc* p, const T* dO, Acc* f, Acc* ds, Acc* dv_acc) {
+                    const Acc* p, const T* dO, const Acc* forward_D, Acc* f, Acc* ds, Acc* dv_acc) {
   const std::int64_t kvh = h / pr.group;
   if (pr.dropout) dropout_factors(pr, b, h, i, r, f);
   Acc D = 0;
@@ -28,15 +29,39 @@ void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, s
       for (std::int64_t d = 0; d < pr.dv; ++d) dvj[d] += pd * static_cast<Acc>(dO[d]);
     }
   }
-  D = pr.rnd(D);
+  D = forward_D ? *forward_D : pr.rnd(D);
   for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] = pr.rnd(p[j] * (ds[j] - D));
+}
+
+// Row i of (b, h) as forward saw it. p holds this block's logits and becomes
+// its probabilities. Forward's LSE decides: when this block's own LSE rounds
+// to it, the block is the whole row (up to the LSE's precision) and keeps its
+// exact statistics (*use_D = false); otherwise the block is part of a bigger
+// row (offsets, a ring step) and p is rescaled to forward's LSE, with
+// D = rowsum(dO * O) from forward's O. False: no key of this row is in the
+// block, or forward's LSE says the whole row is empty.
+template <typename T, typename Acc>
+bool forward_row(const Problem<T, Acc>& pr, const BackwardArgs& a, const detail::TokenStrides& os,
+                 const detail::TokenStrides& ls, std::int64_t b, std::int64_t h, std::int64_t row, KeyRange r, Acc* p,
+                 std::int64_t sk, const T* dO, Acc& D, bool& use_D) {
+  const Acc local = softmax_row(p, sk, r);
+  const Lse<T> stored = a.lse.as<const Lse<T>>()[ls.offset(b, row, h)];
+  if (local == static_cast<Acc>(kNegInf) || stored == static_cast<Lse<T>>(kNegInf)) return false;
+  use_D = static_cast<Lse<T>>(local) != stored;
+  if (use_D) {
+    const Acc scale = std::exp(local - static_cast<Acc>(stored));
+    for (std::int64_t j = r.begin; j < r.end; ++j) p[j] *= scale;
+    D = pr.rnd(dot<Acc>(dO, a.out.as<const T>() + os.offset(b, row, h), pr.dv));
+  }
+  round_row(pr, p, r);
+  return true;
 }
 
 template <typename T, typename Acc>
 struct BackwardCtx {
   const Problem<T, Acc>& pr;
   const BackwardArgs& a;
-  detail::TokenStrides dos, dqs, dks, dvs;
+  detail::TokenStrides dos, dqs, dks, dvs, os, ls;
   detail::BiasStrides dbs;
   bool dbias_direct = false;  // every dbias slice has exactly one (b, h) contributor
   bool accumulate = false;    // spec.accumulate_grads: add into dq/dk/dv
@@ -59,12 +84,12 @@ void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kv
       const KeyRange r = pr.keys(b, i);
       Acc* p = S + i * sk;
       std::fill_n(dq, pr.dqk, Acc{0});
-      const bool visible = softmax_row(p, sk, r) != static_cast<Acc>(kNegInf);
-      round_row(pr, p, r);
-      if (visible) {
-        const std::int64_t row = sp.q_begin + i;
-        const T* dO = c.a.dout.template as<const T>() + c.dos.offset(b, row, h);
-        score_grad_row(pr, b, h, i, r, p, dO, ws.buf[kFactors], ds, dv_acc);
+      const std::int64_t row = sp.q_begin + i;
+      const T* dO = c.a.dout.template as<const T>() + c.dos.offset(b, row, h);
+      Acc D = 0;
+      bool use_D = false;
+      if (forward_row(pr, c.a, c.os, c.ls, b, h, row, r, p, sk, dO, D, use_D)) {
+        score_grad_row(pr, b, h, i, r, p, dO, use_D ? &D : nullptr, ws.buf[kFactors], ds, dv_acc);
         if (c.dbias_direct) {
           T* db = c.a.dbias.template as<T>() + c.dbs.offset(b, h, i);
           for (std::int64_t j = r.begin; j < r.end; ++j) db[j] = static_cast<T>(ds[j]);
@@ -86,9 +111,10 @@ void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kv
       }
       // dq is T, or f32 when a bf16/f16 problem asked for spec.dq_dtype = f32.
       const auto write_dq = [&](auto* out) {
-        using D = std::remove_pointer_t<decltype(out)>;
+        using Dst = std::remove_pointer_t<decltype(out)>;
         for (std::int64_t d = 0; d < pr.dqk; ++d) {
-          out[d] = c.accumulate ? static_cast<D>(static_cast<Acc>(out[d]) + pr.scale * dq[d]) : static_cast<D>(pr.scale * dq[d]);
+          const Acc x = pr.scale * dq[d];
+          out[d] = static_cast<Dst>(c.accumulate ? static_cast<Acc>(out[d]) + x : x);
         }
       };
       const std::int64_t off = c.dqs.offset(b, sp.q_begin + i, h);
@@ -130,11 +156,12 @@ void dbias_task(const BackwardCtx<T, Acc>& c, std::int64_t bb, std::int64_t hb, 
       for (std::int64_t i = 0; i < sp.q_len; ++i) {
         const KeyRange r = pr.keys(b, i);
         Acc* p = S + i * sp.kv_len;
-        if (softmax_row(p, sp.kv_len, r) == static_cast<Acc>(kNegInf)) continue;
-        round_row(pr, p, r);
         const T* dO = c.a.dout.template as<const T>() + c.dos.offset(b, sp.q_begin + i, h);
+        Acc D = 0;
+        bool use_D = false;
+        if (!forward_row(pr, c.a, c.os, c.ls, b, h, sp.q_begin + i, r, p, sp.kv_len, dO, D, use_D)) continue;
         Acc* ds = ws.buf[kRowGrad];
-        score_grad_row(pr, b, h, i, r, p, dO, ws.buf[kFactors], ds, static_cast<Acc*>(nullptr));
+        score_grad_row(pr, b, h, i, r, p, dO, use_D ? &D : nullptr, ws.buf[kFactors], ds, static_cast<Acc*>(nullptr));
         for (std::int64_t j = r.begin; j < r.end; ++j) slice[i * lk + j] += ds[j];
       }
     }
@@ -155,6 +182,8 @@ void run_backward(const BackwardArgs& a, bool acc64, bool round_inter) {
                         detail::token_strides(a.dq, lay),
                         detail::token_strides(a.dk, lay),
                         detail::token_strides(a.dv, lay),
+                        detail::token_strides(a.out, lay),
+                        detail::lse_strides(a.lse, lay),
                         {},
                         false,
                         a.spec.accumulate_grads};
