@@ -177,8 +177,11 @@ Options parse_args(int argc, char** argv) {
       o.no_flash = true;
       continue;
     }
-    std::int64_t* value = a == "--tokens" ? &o.tokens : a == "--batch" ? &o.batch : a == "--reps" ? &o.reps
-                          : a == "--sweep-tokens" ? &o.sweep_tokens : nullptr;
+    std::int64_t* value = a == "--tokens"         ? &o.tokens
+                          : a == "--batch"        ? &o.batch
+                          : a == "--reps"         ? &o.reps
+                          : a == "--sweep-tokens" ? &o.sweep_tokens
+                                                  : nullptr;
     if (value == nullptr && a != "--dtype") usage_error("unknown flag '" + a + "'");
     if (i + 1 >= argc) usage_error(a + " needs a value");
     const std::string text = argv[++i];
@@ -250,8 +253,7 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(attend::kDecodeMaxSeqlenQ));
   }
   return 0;
-}
-catch (const attend::Error& e) {
+} catch (const attend::Error& e) {
   std::fprintf(stderr, "error: %s\n", e.what());
   return 2;
 }

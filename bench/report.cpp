@@ -130,8 +130,8 @@ void print_report(std::ostream& os, const Report& report) {
   os << "threads: " << h.threads << " (OpenMP), blas_threads: " << h.blas_threads << "\n"
      << "flash_isa: " << h.flash_isa << "\n"
      << "blas_config: " << trimmed(h.blas_config) << "\n"
-     << "sgemm_peak: " << fmt("%.1f", h.sgemm.gflops) << " GFLOP/s (n=" << h.sgemm.n << ", best of "
-     << h.sgemm.reps << ", " << fmt("%.3f", h.sgemm.best_s * 1e3) << " ms)"
+     << "sgemm_peak: " << fmt("%.1f", h.sgemm.gflops) << " GFLOP/s (n=" << h.sgemm.n << ", best of " << h.sgemm.reps
+     << ", " << fmt("%.3f", h.sgemm.best_s * 1e3) << " ms)"
      << (h.blas_pinned.empty() ? "" : " [pinned: " + h.blas_pinned + "]") << "\n";
   if (!h.blas_pinned.empty()) {
     os << "warning: OpenBLAS is pinned by " << h.blas_pinned

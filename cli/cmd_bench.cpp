@@ -167,8 +167,9 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
     const attend::Pass pass = name == "forward" ? attend::Pass::forward : attend::Pass::backward;
     if (pass == attend::Pass::backward && base.mode == attend::Mode::inference) {
       if (passes_given) {
-        throw CLI::ValidationError("--passes", "backward is a training pass: it cannot run with --inference (or "
-                                               "--kv-cache); drop it or use --training");
+        throw CLI::ValidationError("--passes",
+                                   "backward is a training pass: it cannot run with --inference (or "
+                                   "--kv-cache); drop it or use --training");
       }
       continue;
     }
@@ -181,9 +182,9 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
     Problem p = base;
     p.spec = spec;
     const ProblemData d = make_data(p, DataSources{{}, {}, {}, {}, seed, true, {}});
-    return ab::ProblemTensors{d.q,      d.k,         d.v,           d.dout,   d.bias,
-                              d.slopes, d.cu_seqlens_q, d.cu_seqlens_kv, d.k_pool, d.v_pool,
-                              d.block_table, d.cache_seqlens, d.cache_leftpad};
+    return ab::ProblemTensors{
+        d.q,      d.k,      d.v,           d.dout,          d.bias,         d.slopes, d.cu_seqlens_q, d.cu_seqlens_kv,
+        d.k_pool, d.v_pool, d.block_table, d.cache_seqlens, d.cache_leftpad};
   };
   const std::vector<attend::AttentionSpec> problems = problems_of(cmd, base);
 

@@ -171,10 +171,12 @@ CLI::App* add_run_command(CLI::App& app, RunCommand& cmd) {
   sub->add_option("--k", cmd.k_path, "k from this .npy file")->group(g);
   sub->add_option("--v", cmd.v_path, "v from this .npy file")->group(g);
   sub->add_option("--dout", cmd.dout_path, "dout from this .npy file (training)")->group(g);
-  sub->add_option("--alibi-slopes", cmd.alibi_slopes_path, "ALiBi slopes, (H) or (B,H) f32, from this .npy file (implies --alibi)")
+  sub->add_option("--alibi-slopes", cmd.alibi_slopes_path,
+                  "ALiBi slopes, (H) or (B,H) f32, from this .npy file (implies --alibi)")
       ->group(g);
-  sub->add_option("--save", cmd.save_dir,
-                  "write q,k,v,dout,alibi_slopes,out,lse,dq,dk,dv(,dbias).npy into DIR (created; its parent must exist)")
+  sub->add_option(
+         "--save", cmd.save_dir,
+         "write q,k,v,dout,alibi_slopes,out,lse,dq,dk,dv(,dbias).npy into DIR (created; its parent must exist)")
       ->group(g);
   sub->add_flag("--json", cmd.json, "print the result (backend, timings, memory, check errors, exit code) as JSON")
       ->group(g);
@@ -191,8 +193,13 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
     std::cout << "no flags: running the built-in default job (MLA-shaped training step, --check)\n";
   }
   if (!cmd.save_dir.empty()) check_save_dir(cmd.save_dir);
-  DataSources src{read_npy_input(cmd.q_path), read_npy_input(cmd.k_path), read_npy_input(cmd.v_path),
-                  read_npy_input(cmd.dout_path), cmd.data_seed, false, read_npy_input(cmd.alibi_slopes_path)};
+  DataSources src{read_npy_input(cmd.q_path),
+                  read_npy_input(cmd.k_path),
+                  read_npy_input(cmd.v_path),
+                  read_npy_input(cmd.dout_path),
+                  cmd.data_seed,
+                  false,
+                  read_npy_input(cmd.alibi_slopes_path)};
   check_input_files(cmd);
   sizes_from_files(cmd.problem, src);
   if (src.slopes.tensor.defined()) cmd.problem.alibi = true;
@@ -219,17 +226,16 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
   const std::int64_t pairs = attend::detail::visible_pairs(p.spec, in);
 
   attend::ForwardResult fwd;
-  const PassTiming t_fwd = pass_timing(
-      time_best(cmd.repeat, [&] { fwd = attend::forward(in, p.spec, p.mode, &p.policy); }),
-      attend::detail::forward_flops(p.spec, pairs));
+  const PassTiming t_fwd =
+      pass_timing(time_best(cmd.repeat, [&] { fwd = attend::forward(in, p.spec, p.mode, &p.policy); }),
+                  attend::detail::forward_flops(p.spec, pairs));
   if (text) print_timing("forward", t_fwd, cmd.repeat);
   json.str("backend", fwd.ctx.backend().name()).integer("repeat", cmd.repeat).raw("forward", timing_json(t_fwd));
 
   attend::Gradients grads;
   if (training) {
-    const PassTiming t_bwd =
-        pass_timing(time_best(cmd.repeat, [&] { grads = attend::backward(fwd.ctx, data.dout); }),
-                    attend::detail::backward_flops(p.spec, pairs));
+    const PassTiming t_bwd = pass_timing(time_best(cmd.repeat, [&] { grads = attend::backward(fwd.ctx, data.dout); }),
+                                         attend::detail::backward_flops(p.spec, pairs));
     if (text) print_timing("backward", t_bwd, cmd.repeat);
     json.raw("backward", timing_json(t_bwd));
   }

@@ -28,8 +28,8 @@ int run_select(const SelectCommand& cmd) {
       if (e.code() != attend::ErrorCode::unsupported) throw;
       // The same verdicts as data, with the error: nothing fits is an answer too.
       const std::string verdicts = attend::evaluate(p.spec, p.mode, p.policy).to_json();
-      std::cout << with_fields(verdicts, "\"error\": " + error_json(e) + ", \"exit_code\": " +
-                                             std::to_string(kExitError))
+      std::cout << with_fields(verdicts,
+                               "\"error\": " + error_json(e) + ", \"exit_code\": " + std::to_string(kExitError))
                 << "\n";
       std::cerr << "error: " << e.what() << "\n";
       return kExitError;

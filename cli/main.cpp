@@ -78,8 +78,7 @@ int main(int argc, char** argv) {
     } catch (const CLI::OptionNotFound&) {
       std::string names;
       for (const CLI::App* sub : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
-      std::cerr << "error: unknown subcommand '" << argv[1] << "' (subcommands: " << names
-                << "; see attend --help)\n";
+      std::cerr << "error: unknown subcommand '" << argv[1] << "' (subcommands: " << names << "; see attend --help)\n";
       return kExitUsage;
     }
   }

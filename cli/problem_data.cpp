@@ -58,8 +58,8 @@ Tensor load_checked(const NpyInput& file, const char* what, DType dtype, const S
   if (t.view().dtype != stored) {
     throw attend::Error(attend::ErrorCode::invalid_argument, std::string(what) + ".dtype",
                         path + ": " + std::string(attend::to_string(t.view().dtype)),
-                        std::string("this problem's dtype is ") + std::string(attend::to_string(dtype)) +
-                            " (--dtype)" + (dtype == DType::bf16 ? "; bf16 is exchanged as '<f4' arrays" : ""));
+                        std::string("this problem's dtype is ") + std::string(attend::to_string(dtype)) + " (--dtype)" +
+                            (dtype == DType::bf16 ? "; bf16 is exchanged as '<f4' arrays" : ""));
   }
   if (dtype == DType::bf16 && got == shape) return convert(t, DType::bf16);
   if (got != shape) {
@@ -72,8 +72,8 @@ Tensor load_checked(const NpyInput& file, const char* what, DType dtype, const S
   return t;
 }
 
-Tensor input(const NpyInput& file, const char* what, DType dtype, const Shape& shape,
-             std::uint64_t seed, std::uint32_t stream) {
+Tensor input(const NpyInput& file, const char* what, DType dtype, const Shape& shape, std::uint64_t seed,
+             std::uint32_t stream) {
   if (file.tensor.defined()) return load_checked(file, what, dtype, shape);
   Tensor t = zeros(dtype, shape);
   fill_normal(t, seed, stream);
@@ -192,10 +192,9 @@ ProblemData make_data(const Problem& p, const DataSources& src) {
   if (s.alibi && src.slopes.tensor.defined()) {
     const Shape got = view_shape(src.slopes.tensor.view());
     if (got != Shape{s.heads_q} && got != Shape{s.batch, s.heads_q}) {
-      throw attend::Error(attend::ErrorCode::shape_mismatch, "alibi_slopes",
-                          src.slopes.path + ": " + shape_string(got),
-                          "ALiBi slopes are (" + std::to_string(s.heads_q) + ") or (" + std::to_string(s.batch) +
-                              ", " + std::to_string(s.heads_q) + ")");
+      throw attend::Error(attend::ErrorCode::shape_mismatch, "alibi_slopes", src.slopes.path + ": " + shape_string(got),
+                          "ALiBi slopes are (" + std::to_string(s.heads_q) + ") or (" + std::to_string(s.batch) + ", " +
+                              std::to_string(s.heads_q) + ")");
     }
     d.slopes = load_checked(src.slopes, "alibi_slopes", DType::f32, got);
   } else if (s.alibi) {

@@ -25,12 +25,14 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
                      ->group(g)->capture_default_str();
   app.add_option("--seqlen-q", f.seqlen_q, "queries per sequence")->check(pos)->group(g);
   app.add_option("--seqlen-kv", f.seqlen_kv, "keys per sequence")->check(pos)->group(g);
-  f.heads_opt = app.add_option("--heads", f.heads, "sets --heads-q and --heads-kv")->check(pos)->group(g)
-      ->capture_default_str();
+  f.heads_opt =
+      app.add_option("--heads", f.heads, "sets --heads-q and --heads-kv")->check(pos)->group(g)->capture_default_str();
   app.add_option("--heads-q", f.heads_q, "query heads (H)")->check(pos)->group(g);
   app.add_option("--heads-kv", f.heads_kv, "key/value heads (GQA: H % heads_kv == 0)")->check(pos)->group(g);
-  f.head_dim_opt = app.add_option("--head-dim", f.head_dim, "sets --head-dim-qk and --head-dim-v")->check(pos)->group(g)
-      ->capture_default_str();
+  f.head_dim_opt = app.add_option("--head-dim", f.head_dim, "sets --head-dim-qk and --head-dim-v")
+                       ->check(pos)
+                       ->group(g)
+                       ->capture_default_str();
   app.add_option("--head-dim-qk", f.head_dim_qk, "feature size of q and k")->check(pos)->group(g);
   app.add_option("--head-dim-v", f.head_dim_v, "feature size of v and out")->check(pos)->group(g);
   app.add_option("--dtype", f.dtype, "f32|f64|bf16|f16")->group(g)->capture_default_str();
@@ -54,8 +56,10 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
   app.add_flag("--kv-cache", f.kv_cache,
                "K/V live in a paged attend::KVCache (inference): --seqlen-kv tokens per sequence, "
                "queries attend bottom-right aligned to each sequence's length")->group(g);
-  f.page_size_opt = app.add_option("--page-size", f.page_size, "tokens per KV-cache page, a power of two")->check(pos)->group(g)
-      ->capture_default_str();
+  f.page_size_opt = app.add_option("--page-size", f.page_size, "tokens per KV-cache page, a power of two")
+                        ->check(pos)
+                        ->group(g)
+                        ->capture_default_str();
   app.add_option("--cache-seqlens", f.cache_seqlens, "per-sequence cached tokens, e.g. 900,17 [--seqlen-kv each]")
       ->delimiter(',')->check(non_negative_int())->group(g);
   app.add_option("--cache-leftpad", f.cache_leftpad, "per-sequence left padding of the cache, e.g. 0,5")
@@ -142,8 +146,9 @@ void set_kv_cache(const ProblemFlags& f, Problem& p) {
   for (const std::int64_t len : p.cache_lens) {
     if (explicit_kv > 0 && len > explicit_kv) {
       fail("--cache-seqlens", std::to_string(len),
-           "exceeds --seqlen-kv=" + std::to_string(explicit_kv) + ", the longest sequence the cache holds "
-           "(leave --seqlen-kv out to size the cache from --cache-seqlens)");
+           "exceeds --seqlen-kv=" + std::to_string(explicit_kv) +
+               ", the longest sequence the cache holds "
+               "(leave --seqlen-kv out to size the cache from --cache-seqlens)");
     }
   }
   if (!p.cache_lens.empty() || !p.cache_pads.empty()) {  // then batch is the lists' length
@@ -217,10 +222,10 @@ Problem make_problem(const ProblemFlags& f) {
   if (f.kv_cache) {
     set_kv_cache(f, p);
   } else {
-    const char* cache_flag = !f.cache_seqlens.empty()        ? "--cache-seqlens"
-                             : !f.cache_leftpad.empty()      ? "--cache-leftpad"
-                             : f.page_size_opt->count() > 0  ? "--page-size"
-                                                             : nullptr;
+    const char* cache_flag = !f.cache_seqlens.empty()       ? "--cache-seqlens"
+                             : !f.cache_leftpad.empty()     ? "--cache-leftpad"
+                             : f.page_size_opt->count() > 0 ? "--page-size"
+                                                            : nullptr;
     if (cache_flag != nullptr) {
       throw attend::Error(attend::ErrorCode::invalid_argument, cache_flag, "given",
                           "--page-size/--cache-seqlens/--cache-leftpad describe a KV cache: add --kv-cache");
@@ -264,7 +269,9 @@ Problem make_problem(const ProblemFlags& f) {
 
 void sizes_from_files(ProblemFlags& f, const DataSources& src) {
   const auto dims = [](const NpyInput& in) {
-    return in.tensor.defined() && in.tensor.view().ndim == 4 ? Shape(in.tensor.view().shape.begin(), in.tensor.view().shape.begin() + 4) : Shape{};
+    return in.tensor.defined() && in.tensor.view().ndim == 4
+               ? Shape(in.tensor.view().shape.begin(), in.tensor.view().shape.begin() + 4)
+               : Shape{};
   };
   const Shape q = dims(src.q), k = dims(src.k), v = dims(src.v);
   if (q.empty() || k.empty() || v.empty() || !f.varlen_q.empty() || !f.varlen_kv.empty()) return;

@@ -31,8 +31,8 @@ bool small_data(const attend_cli::Problem& p) {
   };
   const std::int64_t rows_q = s.varlen() ? s.total_q : numel({s.batch, s.seqlen_q});
   // A KV cache stores up to max(cache_lens) tokens per sequence, left padding included.
-  const std::int64_t stored = p.cache_lens.empty() ? s.seqlen_kv
-                                                   : *std::max_element(p.cache_lens.begin(), p.cache_lens.end());
+  const std::int64_t stored =
+      p.cache_lens.empty() ? s.seqlen_kv : *std::max_element(p.cache_lens.begin(), p.cache_lens.end());
   const std::int64_t rows_kv = s.varlen() ? s.total_kv : numel({s.batch, std::max(s.seqlen_kv, stored)});
   const std::int64_t dmax = std::max(s.head_dim_qk, s.head_dim_v);
   return numel({rows_q, s.heads_q, dmax}) <= kMaxDataElements && numel({rows_kv, s.heads_kv, dmax}) <= kMaxDataElements &&
@@ -65,7 +65,8 @@ void bench(std::vector<std::string> args) {
     // With no problem flag the bench runs its S=4096 target problem.
     if (cmd.seqlens.empty() && !cmd.causal_sweep) {
       bool any = false;
-      for (const CLI::Option* opt : sub->get_options()) any = any || (opt->count() > 0 && opt->get_group() == "Problem");
+      for (const CLI::Option* opt : sub->get_options())
+        any = any || (opt->count() > 0 && opt->get_group() == "Problem");
       if (!any) return;
     }
     cmd.min_time = 1e-6;
@@ -115,7 +116,8 @@ void cli_flags(const std::uint8_t* data, std::size_t size) {
   }
   if (small_data(p)) {
     try {
-      const attend_cli::ProblemData d = attend_cli::make_data(p, attend_cli::DataSources{{}, {}, {}, {}, 1, p.mode == attend::Mode::training, {}});
+      const attend_cli::ProblemData d =
+          attend_cli::make_data(p, attend_cli::DataSources{{}, {}, {}, {}, 1, p.mode == attend::Mode::training, {}});
       attend::validate_inputs(p.spec, d.inputs());
     } catch (const attend::Error& e) {
       // Only the documented refusal: more packed tokens than cu_seqlens' int32 can index.

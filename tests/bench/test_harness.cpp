@@ -10,8 +10,8 @@
 
 #include <unistd.h>
 
-#include "bench/harness.h"
 #include "attend/kvcache.h"
+#include "bench/harness.h"
 #include "bench/report.h"
 #include "core/flops.h"
 #include "support/tensors.h"
