@@ -231,13 +231,7 @@ Inputs ProblemTensors::inputs() const {
   if (slopes.defined()) in.alibi_slopes = slopes;
   if (cu_seqlens_q.defined()) in.cu_seqlens_q = cu_seqlens_q;
   if (cu_seqlens_kv.defined()) in.cu_seqlens_kv = cu_seqlens_kv;
-  if (k_pool.defined()) {
-    in.k = k_pool;
-    in.v = v_pool;
-    in.block_table = block_table;
-    in.cache_seqlens = cache_seqlens;
-    if (cache_leftpad.defined()) in.cache_leftpad = cache_leftpad;
-  }
+  if (cache) cache->bind(in);
   return in;
 }
 

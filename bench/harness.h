@@ -7,11 +7,13 @@
 #include <functional>
 #include <iosfwd>
 #include <limits>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "attend/backend.h"
+#include "attend/kvcache.h"
 #include "attend/spec.h"
 #include "attend/tensor.h"
 #include "sgemm_peak.h"
@@ -30,9 +32,9 @@ Impl parse_impl(std::string_view text);
 struct ProblemTensors {
   Tensor q, k, v, dout;                       // dout: out's shape, needed for backward
   Tensor bias, slopes, cu_seqlens_q, cu_seqlens_kv;  // when the spec asks for them
-  // spec.paged(): the KV cache's page pools replace k and v as the kernels'
-  // inputs, located through the block table and per-sequence lengths.
-  Tensor k_pool, v_pool, block_table, cache_seqlens, cache_leftpad;
+  // spec.paged(): the KV cache whose page pools replace k and v as the
+  // kernels' inputs (KVCache::bind).
+  std::shared_ptr<const KVCache> cache;
   Inputs inputs() const;
 };
 // Makes the tensors of a spec. The harness does not generate data itself: the

@@ -182,9 +182,7 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
     Problem p = base;
     p.spec = spec;
     const ProblemData d = make_data(p, DataSources{{}, {}, {}, {}, seed, true, {}});
-    return ab::ProblemTensors{
-        d.q,      d.k,      d.v,           d.dout,          d.bias,         d.slopes, d.cu_seqlens_q, d.cu_seqlens_kv,
-        d.k_pool, d.v_pool, d.block_table, d.cache_seqlens, d.cache_leftpad};
+    return ab::ProblemTensors{d.q, d.k, d.v, d.dout, d.bias, d.slopes, d.cu_seqlens_q, d.cu_seqlens_kv, d.cache};
   };
   const std::vector<attend::AttentionSpec> problems = problems_of(cmd, base);
 

@@ -113,12 +113,7 @@ void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
   attend::KVCache cache(c);
   cache.append(d.k, d.v, p.cache_lens);  // empty: every sequence gets all `stored` (= seqlen_kv) tokens
   for (std::int64_t b = 0; b < s.batch; ++b) cache.set_leftpad(b, p.cache_pad(b));
-  // Tensors share storage: these keep the pages alive after the cache object goes.
-  d.k_pool = cache.k_pages();
-  d.v_pool = cache.v_pages();
-  d.block_table = cache.block_table();
-  d.cache_seqlens = cache.seqlens();
-  if (s.kv_leftpad) d.cache_leftpad = cache.leftpads();
+  d.cache = std::make_shared<const attend::KVCache>(std::move(cache));
 }
 
 }  // namespace
@@ -164,13 +159,7 @@ attend::Inputs ProblemData::inputs() const {
   if (slopes.defined()) in.alibi_slopes = slopes;
   if (cu_seqlens_q.defined()) in.cu_seqlens_q = cu_seqlens_q;
   if (cu_seqlens_kv.defined()) in.cu_seqlens_kv = cu_seqlens_kv;
-  if (k_pool.defined()) {
-    in.k = k_pool;
-    in.v = v_pool;
-    in.block_table = block_table;
-    in.cache_seqlens = cache_seqlens;
-    if (cache_leftpad.defined()) in.cache_leftpad = cache_leftpad;
-  }
+  if (cache) cache->bind(in);
   return in;
 }
 

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "attend/backend.h"
+#include "attend/kvcache.h"
 #include "attend/tensor.h"
 #include "problem_flags.h"
 
@@ -52,7 +54,7 @@ struct ProblemData {
   attend::Tensor q, k, v, dout, bias, slopes, cu_seqlens_q, cu_seqlens_kv;
   // spec.paged(): k and v above are the dense tokens appended to an
   // attend::KVCache (B, max cached, Hkv, D); the kernels read its pages.
-  attend::Tensor k_pool, v_pool, block_table, cache_seqlens, cache_leftpad;
+  std::shared_ptr<const attend::KVCache> cache;
   attend::Inputs inputs() const;
 };
 

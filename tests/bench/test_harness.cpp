@@ -148,23 +148,18 @@ TEST(BenchHarness, KvCacheProblemIsMeasuredForwardAndOtherwiseSkippedWithNotes) 
     attend::AttentionSpec dense = spec;
     dense.kv_page_size = 0;
     const t::Problem p = t::make_problem(dense, 3);
-    attend::KVCacheConfig c;
-    c.batch = spec.batch;
-    c.heads_kv = spec.heads_kv;
-    c.head_dim_qk = spec.head_dim_qk;
-    c.head_dim_v = spec.head_dim_v;
-    c.max_seqlen = spec.seqlen_kv;
-    c.page_size = spec.kv_page_size;
-    attend::KVCache cache(c);
+    attend::KVCache cache({.batch = spec.batch,
+                           .heads_kv = spec.heads_kv,
+                           .head_dim_qk = spec.head_dim_qk,
+                           .head_dim_v = spec.head_dim_v,
+                           .max_seqlen = spec.seqlen_kv,
+                           .page_size = spec.kv_page_size});
     const std::vector<std::int64_t> counts{spec.seqlen_kv, spec.seqlen_kv / 2};
     cache.append(p.k, p.v, counts);
     ab::ProblemTensors d;
     d.q = p.q;
     d.dout = p.dout;
-    d.k_pool = cache.k_pages();
-    d.v_pool = cache.v_pages();
-    d.block_table = cache.block_table();
-    d.cache_seqlens = cache.seqlens();
+    d.cache = std::make_shared<const attend::KVCache>(std::move(cache));
     return d;
   };
   const ab::Report r = ab::run_benchmarks({s}, o, fake_header());
