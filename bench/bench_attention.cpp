@@ -34,7 +34,7 @@ attend::AttentionSpec spec_for(std::int64_t seqlen, bool causal) {
 attend_cli::ProblemData data_for(const attend::AttentionSpec& s) {
   attend_cli::Problem p;
   p.spec = s;
-  return attend_cli::make_data(p, attend_cli::DataSources{{}, {}, {}, {}, 1, true});
+  return attend_cli::make_data(p, attend_cli::DataSources{{}, {}, {}, {}, 1, true, {}});
 }
 
 void set_counters(benchmark::State& state, const attend::AttentionSpec& s, const attend::Inputs& in, Pass pass,

@@ -2,7 +2,7 @@
 // same run, against flash on the same problem, and the seqlen_q crossover.
 //
 //   decode_bench [--tokens N] [--batch B] [--reps R] [--sweep-tokens N] [--no-flash]
-//                [--dtype f32|bf16|f16]
+//                [--dtype f32|bf16|f16] [--help]
 //
 // Baseline: a STREAM-like read of a 2 GiB array (every thread sums its part,
 // the same OpenMP team decode uses) and a STREAM triad. Decode's rate is the
@@ -141,31 +141,70 @@ double time_forward(const attend::Backend& backend, const attend::KVCache& cache
   });
 }
 
-std::int64_t arg(int argc, char** argv, const char* name, std::int64_t fallback) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::strtoll(argv[i + 1], nullptr, 10);
-  }
-  return fallback;
+constexpr const char* kUsage =
+    "usage: decode_bench [--tokens N] [--batch B] [--reps R] [--sweep-tokens N] [--no-flash] [--dtype f32|bf16|f16]\n"
+    "  split-KV decode vs a STREAM-like read bandwidth (a 2 GiB array), vs flash, and the seqlen_q crossover.\n"
+    "  --tokens N        cached tokens per sequence (default 32768)\n"
+    "  --batch B         sequences (default 8)\n"
+    "  --reps R          timed repetitions, best kept (default 5)\n"
+    "  --sweep-tokens N  cache length of the crossover sweep (default 4096)\n"
+    "  --no-flash        skip flash on the main problem\n"
+    "  --dtype D         cache and query dtype (default f32)\n"
+    "Exit codes: 0 success, 1 usage error, 2 attend error.\n";
+
+struct Options {
+  std::int64_t batch = 8, tokens = 32768, sweep_tokens = 4096, reps = 5;
+  bool no_flash = false;
+  attend::DType dtype = attend::DType::f32;
+};
+
+[[noreturn]] void usage_error(const std::string& why) {
+  std::fprintf(stderr, "decode_bench: %s (see --help)\n", why.c_str());
+  std::exit(1);
 }
 
-bool flag(int argc, char** argv, const char* name) {
+// Every argument is known or an error: a mistyped flag must not silently start
+// the full-size run.
+Options parse_args(int argc, char** argv) {
+  Options o;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return true;
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (a == "--no-flash") {
+      o.no_flash = true;
+      continue;
+    }
+    std::int64_t* value = a == "--tokens"         ? &o.tokens
+                          : a == "--batch"        ? &o.batch
+                          : a == "--reps"         ? &o.reps
+                          : a == "--sweep-tokens" ? &o.sweep_tokens
+                                                  : nullptr;
+    if (value == nullptr && a != "--dtype") usage_error("unknown flag '" + a + "'");
+    if (i + 1 >= argc) usage_error(a + " needs a value");
+    const std::string text = argv[++i];
+    if (value == nullptr) {
+      o.dtype = attend::parse_dtype(text, "--dtype");
+      continue;
+    }
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (end == text.c_str() || *end != '\0' || v < 1) usage_error(a + " '" + text + "' is not a positive integer");
+    *value = v;
   }
-  return false;
+  return o;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const std::int64_t batch = arg(argc, argv, "--batch", 8), tokens = arg(argc, argv, "--tokens", 32768);
-  const std::int64_t sweep_tokens = arg(argc, argv, "--sweep-tokens", 4096);
-  const int reps = static_cast<int>(arg(argc, argv, "--reps", 5));
+int main(int argc, char** argv) try {
+  const Options opt = parse_args(argc, argv);
+  const std::int64_t batch = opt.batch, tokens = opt.tokens, sweep_tokens = opt.sweep_tokens;
+  const int reps = static_cast<int>(std::min<std::int64_t>(opt.reps, 1000));
   const std::int64_t hq = 32, hkv = 8, d = 128;
-  attend::DType dtype = attend::DType::f32;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--dtype") == 0) dtype = attend::parse_dtype(argv[i + 1], "--dtype");
-  }
+  const attend::DType dtype = opt.dtype;
   const std::string dts(attend::to_string(dtype));
   const char* dt = dts.c_str();
   std::printf("threads: %d  decode isa: %s  flash isa: %s\n", omp_get_max_threads(),
@@ -186,7 +225,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(batch), static_cast<long long>(hq), static_cast<long long>(hkv),
                 static_cast<long long>(d), static_cast<long long>(tokens), dt, kv_bytes / (1 << 30), t_dec * 1e3,
                 kv_bytes / t_dec / 1e9, 100.0 * kv_bytes / t_dec / 1e9 / bw.read_gbs);
-    if (!flag(argc, argv, "--no-flash")) {
+    if (!opt.no_flash) {
       const double t_fl = time_forward(*flash, cache, hq, 1, std::max(1, reps / 2));
       std::printf("flash   same problem: %.2f ms, %.2f GB/s -> decode is %.2fx faster\n", t_fl * 1e3,
                   kv_bytes / t_fl / 1e9, t_fl / t_dec);
@@ -214,4 +253,7 @@ int main(int argc, char** argv) {
                 static_cast<long long>(attend::kDecodeMaxSeqlenQ));
   }
   return 0;
+} catch (const attend::Error& e) {
+  std::fprintf(stderr, "error: %s\n", e.what());
+  return 2;
 }

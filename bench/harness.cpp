@@ -231,6 +231,7 @@ Inputs ProblemTensors::inputs() const {
   if (slopes.defined()) in.alibi_slopes = slopes;
   if (cu_seqlens_q.defined()) in.cu_seqlens_q = cu_seqlens_q;
   if (cu_seqlens_kv.defined()) in.cu_seqlens_kv = cu_seqlens_kv;
+  if (cache) cache->bind(in);
   return in;
 }
 
@@ -240,8 +241,16 @@ Header make_header(const SgemmPeak& sgemm) {
   h.blas_threads = blas_threads();
   h.flash_isa = std::string(flash_active_isa());
   h.blas_config = blas_config();
+  h.blas_pinned = blas_pinning(std::getenv("OPENBLAS_CORETYPE"), std::getenv("OPENBLAS_L2_SIZE"));
   h.sgemm = sgemm;
   return h;
+}
+
+std::string blas_pinning(const char* coretype, const char* l2_size) {
+  std::string pinned;
+  if (coretype != nullptr) pinned += std::string("OPENBLAS_CORETYPE=") + coretype;
+  if (l2_size != nullptr) pinned += std::string(pinned.empty() ? "" : " ") + "OPENBLAS_L2_SIZE=" + l2_size;
+  return pinned;
 }
 
 std::string problem_label(const AttentionSpec& s) {
@@ -268,6 +277,7 @@ std::string problem_label(const AttentionSpec& s) {
   if (s.dtype != DType::f32) l += " " + std::string(to_string(s.dtype));
   if (s.effective_dq_dtype() != s.dtype) l += " dq=" + std::string(to_string(s.effective_dq_dtype()));
   if (s.layout != Layout::bshd && !s.varlen()) l += " " + std::string(to_string(s.layout));
+  if (s.paged()) l += " paged(" + std::to_string(s.kv_page_size) + ")";
   return l;
 }
 

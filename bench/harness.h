@@ -7,11 +7,13 @@
 #include <functional>
 #include <iosfwd>
 #include <limits>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "attend/backend.h"
+#include "attend/kvcache.h"
 #include "attend/spec.h"
 #include "attend/tensor.h"
 #include "sgemm_peak.h"
@@ -30,6 +32,9 @@ Impl parse_impl(std::string_view text);
 struct ProblemTensors {
   Tensor q, k, v, dout;                       // dout: out's shape, needed for backward
   Tensor bias, slopes, cu_seqlens_q, cu_seqlens_kv;  // when the spec asks for them
+  // spec.paged(): the KV cache whose page pools replace k and v as the
+  // kernels' inputs (KVCache::bind).
+  std::shared_ptr<const KVCache> cache;
   Inputs inputs() const;
 };
 // Makes the tensors of a spec. The harness does not generate data itself: the
@@ -55,10 +60,20 @@ struct Header {
   int blas_threads = 0;     // openblas_get_num_threads()
   std::string flash_isa;    // attend::flash_active_isa()
   std::string blas_config;  // openblas_get_config()
+  // "OPENBLAS_CORETYPE=X OPENBLAS_L2_SIZE=Y" (those set) when the environment
+  // pins OpenBLAS's kernel: then the sgemm baseline is not what OpenBLAS would
+  // pick for this CPU and every vs_sgemm ratio says so. Empty: not pinned.
+  std::string blas_pinned;
   SgemmPeak sgemm;
 };
 // Fills everything but `sgemm` from the running process.
 Header make_header(const SgemmPeak& sgemm);
+// The blas_pinned text for these variable values (null: unset).
+std::string blas_pinning(const char* coretype, const char* l2_size);
+
+// A measurement whose median exceeds its best by more than this factor ran on
+// a machine too busy to trust its ratios: the report flags it.
+inline constexpr double kNoisySpread = 2.0;
 
 struct Row {
   AttentionSpec spec;
@@ -72,6 +87,7 @@ struct Row {
   double vs_unfused = std::numeric_limits<double>::quiet_NaN();  // unfused best / this best (same
                                                                   // problem and pass); NaN: not measured
   std::size_t extra_bytes = 0; // flash/reference: workspace_bytes; unfused: extra_bytes(pass)
+  bool noisy() const { return timing.median_s > kNoisySpread * timing.best_s; }
 };
 
 struct Report {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attend/error.h"
+#include "runtime/json.h"
 
 namespace attend::bench {
 
@@ -42,22 +43,7 @@ std::string exact(double v) {
   return buf;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+std::string json_string(const std::string& s) { return detail::json_quote(s); }
 
 std::string csv_field(const std::string& s) {
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -144,8 +130,14 @@ void print_report(std::ostream& os, const Report& report) {
   os << "threads: " << h.threads << " (OpenMP), blas_threads: " << h.blas_threads << "\n"
      << "flash_isa: " << h.flash_isa << "\n"
      << "blas_config: " << trimmed(h.blas_config) << "\n"
-     << "sgemm_peak: " << fmt("%.1f", h.sgemm.gflops) << " GFLOP/s (n=" << h.sgemm.n << ", best of "
-     << h.sgemm.reps << ", " << fmt("%.3f", h.sgemm.best_s * 1e3) << " ms)\n";
+     << "sgemm_peak: " << fmt("%.1f", h.sgemm.gflops) << " GFLOP/s (n=" << h.sgemm.n << ", best of " << h.sgemm.reps
+     << ", " << fmt("%.3f", h.sgemm.best_s * 1e3) << " ms)"
+     << (h.blas_pinned.empty() ? "" : " [pinned: " + h.blas_pinned + "]") << "\n";
+  if (!h.blas_pinned.empty()) {
+    os << "warning: OpenBLAS is pinned by " << h.blas_pinned
+       << ": the sgemm baseline (and unfused) run that kernel, not the one OpenBLAS picks for this CPU, so "
+          "vs_sgemm and vs_unfused may mislead; use bench/run.sh or unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE\n";
+  }
 
   std::size_t problem_width = 28;
   for (const Row& r : report.rows) problem_width = std::max(problem_width, r.problem.size());
@@ -160,6 +152,13 @@ void print_report(std::ostream& os, const Report& report) {
        << pad(fmt("%.2f", static_cast<double>(r.extra_bytes) / kMiB), 10, false) << "\n";
   }
   for (const std::string& note : report.notes) os << "note: " << note << "\n";
+  for (const Row& r : report.rows) {
+    if (!r.noisy()) continue;
+    os << "warning: noisy: " << r.problem << " " << to_string(r.impl) << " " << to_string(r.pass) << ": best "
+       << fmt("%.3f", r.timing.best_s * 1e3) << " ms is " << fmt("%.1f", r.timing.median_s / r.timing.best_s)
+       << "x below the median " << fmt("%.3f", r.timing.median_s * 1e3) << " ms (" << r.timing.reps
+       << " runs); its ratios are not reliable: rerun on a quieter machine or with a larger --min-time\n";
+  }
 }
 
 void write_csv(const std::string& path, const Report& report) {

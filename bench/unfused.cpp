@@ -135,6 +135,7 @@ Support UnfusedAttention::check(const AttentionSpec& s) {
   sup.require(s.dtype == DType::f32, ReasonCode::dtype,
               "dtype=" + std::string(to_string(s.dtype)) + " is not supported by the unfused baseline (f32 only)");
   sup.require(!s.varlen(), ReasonCode::varlen, "varlen (thd layout) is not supported by the unfused baseline");
+  sup.require(!s.paged(), ReasonCode::layout, "paged K/V (a KV cache) is not supported by the unfused baseline");
   sup.require(s.softcap == 0.0, ReasonCode::softcap, "softcap is not supported by the unfused baseline");
   sup.require(!s.alibi, ReasonCode::alibi, "alibi is not supported by the unfused baseline");
   sup.require(!s.has_bias, ReasonCode::bias, "bias is not supported by the unfused baseline");

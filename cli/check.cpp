@@ -53,22 +53,16 @@ std::vector<ErrorStats> check_against_reference(const Problem& p, const ProblemD
   s64.need_lse = true;
   const auto ref = attend::make_reference_backend();
 
-  ProblemData d64;  // slopes stay f32 and cu_seqlens i32: they have fixed dtypes
-  d64.q = convert(data.q, DType::f64);
-  d64.k = convert(data.k, DType::f64);
-  d64.v = convert(data.v, DType::f64);
-  if (data.bias.defined()) d64.bias = convert(data.bias, DType::f64);
-  d64.slopes = data.slopes;
-  d64.cu_seqlens_q = data.cu_seqlens_q;
-  d64.cu_seqlens_kv = data.cu_seqlens_kv;
-  if (data.k_pool.defined()) {  // the same pages in f64, the same block table
-    d64.k_pool = convert(data.k_pool, DType::f64);
-    d64.v_pool = convert(data.v_pool, DType::f64);
-    d64.block_table = data.block_table;
-    d64.cache_seqlens = data.cache_seqlens;
-    d64.cache_leftpad = data.cache_leftpad;
-  }
-  const attend::Inputs in = d64.inputs();
+  // The same inputs with q, k, v (a cache's page pools) and bias in f64; slopes
+  // stay f32 and cu_seqlens and the cache's tables i32: they have fixed dtypes.
+  attend::Inputs in = data.inputs();
+  const attend::Tensor q64 = convert(in.q, DType::f64), k64 = convert(in.k, DType::f64),
+                       v64 = convert(in.v, DType::f64);
+  const attend::Tensor bias64 = data.bias.defined() ? convert(data.bias, DType::f64) : attend::Tensor{};
+  in.q = q64;
+  in.k = k64;
+  in.v = v64;
+  if (bias64.defined()) in.bias = bias64;
 
   attend::Tensor out = zeros(DType::f64, out_shape(s64));
   attend::Tensor lse = zeros(DType::f64, lse_shape(s64));
@@ -85,7 +79,7 @@ std::vector<ErrorStats> check_against_reference(const Problem& p, const ProblemD
   attend::Tensor dk = zeros(DType::f64, k_shape(s64));
   attend::Tensor dv = zeros(DType::f64, v_shape(s64));
   attend::Tensor dbias;
-  if (s64.bias_requires_grad) dbias = attend::Tensor::zeros_like(d64.bias);
+  if (s64.bias_requires_grad) dbias = attend::Tensor::zeros_like(bias64);
   ws = workspace_for(*ref, s64, attend::Pass::backward);
   ref->backward(attend::BackwardArgs{s64, in, out, lse, dout, dq, dk, dv,
                                      dbias.defined() ? dbias.view() : attend::TensorView{},

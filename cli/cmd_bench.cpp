@@ -45,9 +45,10 @@ void reject_policy_flags(const ProblemFlags& f) {
 }
 
 std::vector<attend::AttentionSpec> problems_of(const BenchCommand& cmd, const Problem& base) {
-  if (!cmd.seqlens.empty() && base.spec.varlen()) {
+  if (!cmd.seqlens.empty() && (base.spec.varlen() || base.spec.paged())) {
     throw attend::Error(attend::ErrorCode::invalid_argument, "--seqlens", "given",
-                        "cannot sweep sequence lengths of a varlen problem (--varlen-q/--varlen-kv)");
+                        "cannot sweep sequence lengths of a varlen or KV-cache problem (their lengths come from "
+                        "--varlen-q/--varlen-kv or --seqlen-kv/--cache-seqlens)");
   }
   std::vector<attend::AttentionSpec> out;
   std::vector<std::int64_t> seqlens = cmd.seqlens;
@@ -140,7 +141,7 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
   if (!any_problem_flag(sub, cmd)) {
     cmd.causal_sweep = true;
     cmd.summary = true;
-    std::cout << "no problem flags: the target problem (B=1 H=16 D=128 S=4096 f32), non-causal and causal\n";
+    *cmd.out << "no problem flags: the target problem (B=1 H=16 D=128 S=4096 f32), non-causal and causal\n";
   }
   reject_policy_flags(cmd.problem);
   const Problem base = make_problem(cmd.problem);
@@ -164,39 +165,47 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
   const bool passes_given = sub.get_option("--passes")->count() > 0;
   for (const std::string& name : cmd.passes) {
     const attend::Pass pass = name == "forward" ? attend::Pass::forward : attend::Pass::backward;
-    if (pass == attend::Pass::backward && base.mode == attend::Mode::inference && !passes_given) continue;
+    if (pass == attend::Pass::backward && base.mode == attend::Mode::inference) {
+      if (passes_given) {
+        throw CLI::ValidationError("--passes",
+                                   "backward is a training pass: it cannot run with --inference (or "
+                                   "--kv-cache); drop it or use --training");
+      }
+      continue;
+    }
     opt.passes.push_back(pass);
   }
   opt.timing.min_time = cmd.min_time;
   opt.force_reference = cmd.force_reference;
-  opt.progress = &std::cerr;
+  opt.progress = cmd.progress;
   opt.make_tensors = [&base, seed = cmd.data_seed](const attend::AttentionSpec& spec) {
     Problem p = base;
     p.spec = spec;
-    const ProblemData d = make_data(p, DataSources{{}, {}, {}, {}, seed, true});
-    return ab::ProblemTensors{d.q, d.k, d.v, d.dout, d.bias, d.slopes, d.cu_seqlens_q, d.cu_seqlens_kv};
+    const ProblemData d = make_data(p, DataSources{{}, {}, {}, {}, seed, true, {}});
+    return ab::ProblemTensors{d.q, d.k, d.v, d.dout, d.bias, d.slopes, d.cu_seqlens_q, d.cu_seqlens_kv, d.cache};
   };
   const std::vector<attend::AttentionSpec> problems = problems_of(cmd, base);
 
-  std::cerr << "measuring the sgemm peak (n=" << cmd.sgemm_n << ") ..." << std::flush;
+  *cmd.progress << "measuring the sgemm peak (n=" << cmd.sgemm_n << ") ..." << std::flush;
   ab::TimingOptions sgemm_timing;
   sgemm_timing.min_time = cmd.min_time;
   const ab::SgemmPeak peak = ab::measure_sgemm_peak(cmd.sgemm_n, sgemm_timing);
   char buf[64];
   std::snprintf(buf, sizeof buf, " %.1f GFLOP/s\n", peak.gflops);
-  std::cerr << buf << std::flush;
+  *cmd.progress << buf << std::flush;
 
   const ab::Report report = ab::run_benchmarks(problems, opt, ab::make_header(peak));
-  ab::print_report(std::cout, report);
-  print_dtype_ratios(std::cout, report);
-  if (cmd.summary) ab::print_target_summary(std::cout, report);
+  std::ostream& out = *cmd.out;
+  ab::print_report(out, report);
+  print_dtype_ratios(out, report);
+  if (cmd.summary) ab::print_target_summary(out, report);
   if (!cmd.csv_path.empty()) {
     ab::write_csv(cmd.csv_path, report);
-    std::cout << "csv: " << cmd.csv_path << "\n";
+    out << "csv: " << cmd.csv_path << "\n";
   }
   if (!cmd.json_path.empty()) {
     ab::write_json(cmd.json_path, report);
-    std::cout << "json: " << cmd.json_path << "\n";
+    out << "json: " << cmd.json_path << "\n";
   }
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "runtime/flops.h"
 #include "flag_checks.h"
+#include "json_output.h"
 
 namespace attend_cli {
 
@@ -74,16 +75,56 @@ double time_best(std::int64_t repeat, Fn&& fn) {
   return best;
 }
 
-void print_timing(const char* pass, double seconds, std::int64_t flops, std::int64_t repeat) {
-  const double gflops = seconds > 0.0 ? static_cast<double>(flops) / seconds / 1e9 : 0.0;
-  std::cout << pass << ": " << format("%.3f ms  %.2f GFLOP/s", seconds * 1e3, gflops);
+struct PassTiming {
+  double seconds = 0.0, gflops = 0.0;
+};
+
+PassTiming pass_timing(double seconds, std::int64_t flops) {
+  return {seconds, seconds > 0.0 ? static_cast<double>(flops) / seconds / 1e9 : 0.0};
+}
+
+void print_timing(const char* pass, const PassTiming& t, std::int64_t repeat) {
+  std::cout << pass << ": " << format("%.3f ms  %.2f GFLOP/s", t.seconds * 1e3, t.gflops);
   if (repeat > 1) std::cout << "  (best of " << repeat << ")";
   std::cout << "\n";
 }
 
-void save_all(const std::string& dir, const ProblemData& d, const attend::ForwardResult& fwd,
-              const attend::Gradients* g) {
-  std::filesystem::create_directories(dir);
+std::string timing_json(const PassTiming& t) {
+  return JsonObject().num("ms", t.seconds * 1e3).num("gflops", t.gflops).text();
+}
+
+// Fails before anything is computed: --save DIR creates DIR itself only, inside
+// an existing directory, never a chain of missing parents (a typo would
+// otherwise scatter results somewhere unexpected).
+void check_save_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path path(dir);
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    if (!fs::is_directory(path, ec)) {
+      throw attend::Error(attend::ErrorCode::invalid_argument, "--save", dir, "exists and is not a directory");
+    }
+    return;
+  }
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (!fs::is_directory(parent, ec)) {
+    throw attend::Error(attend::ErrorCode::io, "--save", dir,
+                        "its parent directory " + parent.string() + " does not exist (create it first)");
+  }
+}
+
+// Files either describe the whole problem's inputs or none of them.
+void check_input_files(const RunCommand& cmd) {
+  const int given = !cmd.q_path.empty() + !cmd.k_path.empty() + !cmd.v_path.empty();
+  if (given == 0 || given == 3) return;
+  const char* missing = cmd.q_path.empty() ? "--q" : cmd.k_path.empty() ? "--k" : "--v";
+  throw attend::Error(attend::ErrorCode::invalid_argument, missing, "missing",
+                      "--q, --k and --v go together (random data next to a file is rarely meant): give all three");
+}
+
+std::string save_all(const std::string& dir, const ProblemData& d, const attend::ForwardResult& fwd,
+                     const attend::Gradients* g) {
+  std::filesystem::create_directory(dir);  // its parent exists: check_save_dir
   std::string names;
   const auto save = [&](const char* name, const attend::Tensor& t) {
     if (!t.defined()) return;
@@ -97,6 +138,7 @@ void save_all(const std::string& dir, const ProblemData& d, const attend::Forwar
   save("k", d.k);
   save("v", d.v);
   save("dout", d.dout);
+  save("alibi_slopes", d.slopes);  // replayed with --alibi-slopes
   save("out", fwd.out);
   save("lse", fwd.lse);
   if (g != nullptr) {
@@ -105,7 +147,7 @@ void save_all(const std::string& dir, const ProblemData& d, const attend::Forwar
     save("dv", g->dv);
     save("dbias", g->dbias);
   }
-  std::cout << "saved: " << dir << " (" << names << ")\n";
+  return names;
 }
 
 }  // namespace
@@ -129,7 +171,15 @@ CLI::App* add_run_command(CLI::App& app, RunCommand& cmd) {
   sub->add_option("--k", cmd.k_path, "k from this .npy file")->group(g);
   sub->add_option("--v", cmd.v_path, "v from this .npy file")->group(g);
   sub->add_option("--dout", cmd.dout_path, "dout from this .npy file (training)")->group(g);
-  sub->add_option("--save", cmd.save_dir, "write q,k,v,dout,out,lse,dq,dk,dv(,dbias).npy into DIR")->group(g);
+  sub->add_option("--alibi-slopes", cmd.alibi_slopes_path,
+                  "ALiBi slopes, (H) or (B,H) f32, from this .npy file (implies --alibi)")
+      ->group(g);
+  sub->add_option(
+         "--save", cmd.save_dir,
+         "write q,k,v,dout,alibi_slopes,out,lse,dq,dk,dv(,dbias).npy into DIR (created; its parent must exist)")
+      ->group(g);
+  sub->add_flag("--json", cmd.json, "print the result (backend, timings, memory, check errors, exit code) as JSON")
+      ->group(g);
   sub->add_option("--data-seed", cmd.data_seed, "seed of the random inputs")->check(non_negative_int())
       ->group(g)->capture_default_str();
   sub->add_option("--repeat", cmd.repeat, "time each pass this many times, report the best")
@@ -142,54 +192,101 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
     use_default_job(cmd);
     std::cout << "no flags: running the built-in default job (MLA-shaped training step, --check)\n";
   }
+  if (!cmd.save_dir.empty()) check_save_dir(cmd.save_dir);
+  DataSources src{read_npy_input(cmd.q_path),
+                  read_npy_input(cmd.k_path),
+                  read_npy_input(cmd.v_path),
+                  read_npy_input(cmd.dout_path),
+                  cmd.data_seed,
+                  false,
+                  read_npy_input(cmd.alibi_slopes_path)};
+  check_input_files(cmd);
+  sizes_from_files(cmd.problem, src);
+  if (src.slopes.tensor.defined()) cmd.problem.alibi = true;
   const Problem p = make_problem(cmd.problem);
   const bool training = p.mode == attend::Mode::training;
+  if (!training && !cmd.dout_path.empty()) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--dout", cmd.dout_path,
+                        "inference runs no backward, so dout would be ignored: drop --dout or use --training");
+  }
+  src.need_dout = training;
   // Select before generating data so that an unsupported problem fails fast.
   const attend::Selection sel = attend::select(p.spec, p.mode, p.policy);
-  std::cout << "problem: " << attend::describe(p.spec) << "\n"
-            << "mode: " << describe_mode(p.mode) << "\n"
-            << "backend: " << sel.backend->name() << "\n";
+  const bool text = !cmd.json;
+  if (text) {
+    std::cout << "problem: " << attend::describe(p.spec) << "\n"
+              << "mode: " << describe_mode(p.mode) << "\n"
+              << "backend: " << sel.backend->name() << "\n";
+  }
+  JsonObject json;
+  json.str("problem", attend::describe(p.spec)).str("mode", training ? "training" : "inference");
 
-  const ProblemData data =
-      make_data(p, DataSources{cmd.q_path, cmd.k_path, cmd.v_path, cmd.dout_path, cmd.data_seed, training});
+  const ProblemData data = make_data(p, src);
   const attend::Inputs in = data.inputs();
   const std::int64_t pairs = attend::detail::visible_pairs(p.spec, in);
 
   attend::ForwardResult fwd;
-  const double t_fwd = time_best(cmd.repeat, [&] { fwd = attend::forward(in, p.spec, p.mode, &p.policy); });
-  print_timing("forward", t_fwd, attend::detail::forward_flops(p.spec, pairs), cmd.repeat);
+  const PassTiming t_fwd =
+      pass_timing(time_best(cmd.repeat, [&] { fwd = attend::forward(in, p.spec, p.mode, &p.policy); }),
+                  attend::detail::forward_flops(p.spec, pairs));
+  if (text) print_timing("forward", t_fwd, cmd.repeat);
+  json.str("backend", fwd.ctx.backend().name()).integer("repeat", cmd.repeat).raw("forward", timing_json(t_fwd));
 
   attend::Gradients grads;
   if (training) {
-    const double t_bwd = time_best(cmd.repeat, [&] { grads = attend::backward(fwd.ctx, data.dout); });
-    print_timing("backward", t_bwd, attend::detail::backward_flops(p.spec, pairs), cmd.repeat);
+    const PassTiming t_bwd = pass_timing(time_best(cmd.repeat, [&] { grads = attend::backward(fwd.ctx, data.dout); }),
+                                         attend::detail::backward_flops(p.spec, pairs));
+    if (text) print_timing("backward", t_bwd, cmd.repeat);
+    json.raw("backward", timing_json(t_bwd));
   }
 
   const attend::Backend& backend = fwd.ctx.backend();
-  std::size_t workspace = backend.workspace_bytes(p.spec, attend::Pass::forward);
-  std::string ws_text = "forward " + bytes_string(static_cast<double>(workspace));
-  if (training) {
-    const std::size_t bwd = backend.workspace_bytes(p.spec, attend::Pass::backward);
-    ws_text += " + backward " + bytes_string(static_cast<double>(bwd));
-    workspace += bwd;
-  }
+  const std::size_t ws_fwd = backend.workspace_bytes(p.spec, attend::Pass::forward);
+  const std::size_t ws_bwd = training ? backend.workspace_bytes(p.spec, attend::Pass::backward) : 0;
+  std::string ws_text = "forward " + bytes_string(static_cast<double>(ws_fwd));
+  if (training) ws_text += " + backward " + bytes_string(static_cast<double>(ws_bwd));
   const std::size_t outputs = tensor_bytes(fwd.out) + tensor_bytes(fwd.lse) + tensor_bytes(grads.dq) +
                               tensor_bytes(grads.dk) + tensor_bytes(grads.dv) + tensor_bytes(grads.dbias);
-  std::cout << "memory: " << bytes_string(static_cast<double>(workspace + outputs)) << " extra (workspace "
-            << ws_text << ", outputs " << bytes_string(static_cast<double>(outputs)) << ")\n";
-
-  if (!cmd.save_dir.empty()) save_all(cmd.save_dir, data, fwd, training ? &grads : nullptr);
-
-  if (!cmd.check) return 0;
-  const double tol = cmd.tolerance > 0.0 ? cmd.tolerance : default_tolerance(p.spec.dtype);
-  bool ok = true;
-  for (const ErrorStats& st : check_against_reference(p, data, fwd, training ? &grads : nullptr)) {
-    std::cout << "check " << st.name << ": "
-              << format("max_abs_err=%.3e max_rel_err=%.3e", st.max_abs_err, st.max_rel_err) << "\n";
-    ok = ok && st.max_rel_err <= tol;  // false for NaN
+  const std::size_t extra = ws_fwd + ws_bwd + outputs;
+  if (text) {
+    std::cout << "memory: " << bytes_string(static_cast<double>(extra)) << " extra (workspace " << ws_text
+              << ", outputs " << bytes_string(static_cast<double>(outputs)) << ")\n";
   }
-  std::cout << "check: " << (ok ? "ok" : "FAILED") << format(" (max_rel_err tolerance %.1e)", tol) << "\n";
-  return ok ? 0 : kExitCheckFailed;
+  JsonObject memory;
+  memory.integer("extra_bytes", static_cast<std::int64_t>(extra))
+      .integer("workspace_forward_bytes", static_cast<std::int64_t>(ws_fwd));
+  if (training) memory.integer("workspace_backward_bytes", static_cast<std::int64_t>(ws_bwd));
+  json.raw("memory", memory.integer("output_bytes", static_cast<std::int64_t>(outputs)).text());
+
+  if (!cmd.save_dir.empty()) {
+    const std::string names = save_all(cmd.save_dir, data, fwd, training ? &grads : nullptr);
+    if (text) std::cout << "saved: " << cmd.save_dir << " (" << names << ")\n";
+    json.str("saved", cmd.save_dir);
+  }
+
+  int code = 0;
+  if (cmd.check) {
+    const double tol = cmd.tolerance > 0.0 ? cmd.tolerance : default_tolerance(p.spec.dtype);
+    bool ok = true;
+    std::string errors;
+    for (const ErrorStats& st : check_against_reference(p, data, fwd, training ? &grads : nullptr)) {
+      if (text) {
+        std::cout << "check " << st.name << ": "
+                  << format("max_abs_err=%.3e max_rel_err=%.3e", st.max_abs_err, st.max_rel_err) << "\n";
+      }
+      errors += (errors.empty() ? "" : ", ") + JsonObject()
+                                                   .str("name", st.name)
+                                                   .num("max_abs_err", st.max_abs_err)
+                                                   .num("max_rel_err", st.max_rel_err)
+                                                   .text();
+      ok = ok && st.max_rel_err <= tol;  // false for NaN
+    }
+    if (text) std::cout << "check: " << (ok ? "ok" : "FAILED") << format(" (max_rel_err tolerance %.1e)", tol) << "\n";
+    json.raw("check", JsonObject().boolean("ok", ok).num("tolerance", tol).raw("errors", "[" + errors + "]").text());
+    code = ok ? 0 : kExitCheckFailed;
+  }
+  if (cmd.json) std::cout << json.integer("exit_code", code).text() << "\n";
+  return code;
 }
 
 }  // namespace attend_cli

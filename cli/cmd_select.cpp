@@ -7,6 +7,7 @@
 #include "attend/select.h"
 #include "attend/spec.h"
 #include "commands.h"
+#include "json_output.h"
 
 namespace attend_cli {
 
@@ -19,13 +20,24 @@ CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd) {
 
 int run_select(const SelectCommand& cmd) {
   const Problem p = make_problem(cmd.problem);
+  if (cmd.json) {
+    try {
+      std::cout << with_fields(attend::select(p.spec, p.mode, p.policy).to_json(), "\"exit_code\": 0") << "\n";
+      return 0;
+    } catch (const attend::Error& e) {
+      if (e.code() != attend::ErrorCode::unsupported) throw;
+      // The same verdicts as data, with the error: nothing fits is an answer too.
+      const std::string verdicts = attend::evaluate(p.spec, p.mode, p.policy).to_json();
+      std::cout << with_fields(verdicts,
+                               "\"error\": " + error_json(e) + ", \"exit_code\": " + std::to_string(kExitError))
+                << "\n";
+      std::cerr << "error: " << e.what() << "\n";
+      return kExitError;
+    }
+  }
   // Throws attend::Error(unsupported) with the verdict table when nothing fits;
   // main prints it and exits 2.
   const attend::Selection sel = attend::select(p.spec, p.mode, p.policy);
-  if (cmd.json) {
-    std::cout << sel.to_json() << "\n";
-    return 0;
-  }
   // explain() already holds the problem, the mode, the table and the choice;
   // the "selected:" line is added only if a future explain() drops it.
   const std::string table = sel.explain();

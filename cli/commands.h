@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -29,9 +30,9 @@ int run_select(const SelectCommand& cmd);
 
 struct RunCommand {
   ProblemFlags problem;
-  bool check = false;
+  bool check = false, json = false;
   double tolerance = 0.0;  // 0: a default from the dtype
-  std::string q_path, k_path, v_path, dout_path, save_dir;
+  std::string q_path, k_path, v_path, dout_path, alibi_slopes_path, save_dir;
   std::uint64_t data_seed = 1;
   std::int64_t repeat = 1;
 };
@@ -52,6 +53,8 @@ struct BenchCommand {
   std::int64_t sgemm_n = 2048;
   std::uint64_t data_seed = 1;
   std::string csv_path, json_path;
+  std::ostream* out = &std::cout;       // the header, table and notes
+  std::ostream* progress = &std::cerr;  // one line per measurement
 };
 CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd);
 int run_bench(BenchCommand& cmd, const CLI::App& sub);

@@ -48,13 +48,21 @@ void fill_normal(const Tensor& t, std::uint64_t seed, std::uint32_t stream, doub
   }
 }
 
-Tensor load_checked(const std::string& path, const char* what, DType dtype, const Shape& shape) {
-  Tensor t = attend::read_npy(path);
+Tensor load_checked(const NpyInput& file, const char* what, DType dtype, const Shape& shape) {
+  const Tensor& t = file.tensor;
+  const std::string& path = file.path;
   const Shape got = view_shape(t.view());
   // bf16 has no NumPy dtype: it travels as '<f4' and is rounded to nearest even
   // here (exact for arrays --save wrote from bf16 data).
-  if (dtype == DType::bf16 && t.view().dtype == DType::f32 && got == shape) return convert(t, DType::bf16);
-  if (t.view().dtype != dtype || got != shape) {
+  const DType stored = dtype == DType::bf16 ? DType::f32 : dtype;
+  if (t.view().dtype != stored) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, std::string(what) + ".dtype",
+                        path + ": " + std::string(attend::to_string(t.view().dtype)),
+                        std::string("this problem's dtype is ") + std::string(attend::to_string(dtype)) + " (--dtype)" +
+                            (dtype == DType::bf16 ? "; bf16 is exchanged as '<f4' arrays" : ""));
+  }
+  if (dtype == DType::bf16 && got == shape) return convert(t, DType::bf16);
+  if (got != shape) {
     throw attend::Error(attend::ErrorCode::shape_mismatch, what,
                         path + ": " + std::string(attend::to_string(t.view().dtype)) + " " + shape_string(got),
                         std::string("this problem needs ") + what + " as " +
@@ -64,9 +72,9 @@ Tensor load_checked(const std::string& path, const char* what, DType dtype, cons
   return t;
 }
 
-Tensor input(const std::string& path, const char* what, DType dtype, const Shape& shape,
-             std::uint64_t seed, std::uint32_t stream) {
-  if (!path.empty()) return load_checked(path, what, dtype, shape);
+Tensor input(const NpyInput& file, const char* what, DType dtype, const Shape& shape, std::uint64_t seed,
+             std::uint32_t stream) {
+  if (file.tensor.defined()) return load_checked(file, what, dtype, shape);
   Tensor t = zeros(dtype, shape);
   fill_normal(t, seed, stream);
   return t;
@@ -105,15 +113,15 @@ void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
   attend::KVCache cache(c);
   cache.append(d.k, d.v, p.cache_lens);  // empty: every sequence gets all `stored` (= seqlen_kv) tokens
   for (std::int64_t b = 0; b < s.batch; ++b) cache.set_leftpad(b, p.cache_pad(b));
-  // Tensors share storage: these keep the pages alive after the cache object goes.
-  d.k_pool = cache.k_pages();
-  d.v_pool = cache.v_pages();
-  d.block_table = cache.block_table();
-  d.cache_seqlens = cache.seqlens();
-  if (s.kv_leftpad) d.cache_leftpad = cache.leftpads();
+  d.cache = std::make_shared<const attend::KVCache>(std::move(cache));
 }
 
 }  // namespace
+
+NpyInput read_npy_input(const std::string& path) {
+  if (path.empty()) return {};
+  return {path, attend::read_npy(path)};
+}
 
 Shape q_shape(const AttentionSpec& s) { return token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk); }
 Shape k_shape(const AttentionSpec& s) { return token_shape(s, s.seqlen_kv, s.total_kv, s.heads_kv, s.head_dim_qk); }
@@ -151,13 +159,7 @@ attend::Inputs ProblemData::inputs() const {
   if (slopes.defined()) in.alibi_slopes = slopes;
   if (cu_seqlens_q.defined()) in.cu_seqlens_q = cu_seqlens_q;
   if (cu_seqlens_kv.defined()) in.cu_seqlens_kv = cu_seqlens_kv;
-  if (k_pool.defined()) {
-    in.k = k_pool;
-    in.v = v_pool;
-    in.block_table = block_table;
-    in.cache_seqlens = cache_seqlens;
-    if (cache_leftpad.defined()) in.cache_leftpad = cache_leftpad;
-  }
+  if (cache) cache->bind(in);
   return in;
 }
 
@@ -176,7 +178,15 @@ ProblemData make_data(const Problem& p, const DataSources& src) {
     d.bias = zeros(s.dtype, {p.bias_batch, p.bias_heads, s.seqlen_q, s.seqlen_kv});
     fill_normal(d.bias, src.seed, 5);
   }
-  if (s.alibi) {
+  if (s.alibi && src.slopes.tensor.defined()) {
+    const Shape got = view_shape(src.slopes.tensor.view());
+    if (got != Shape{s.heads_q} && got != Shape{s.batch, s.heads_q}) {
+      throw attend::Error(attend::ErrorCode::shape_mismatch, "alibi_slopes", src.slopes.path + ": " + shape_string(got),
+                          "ALiBi slopes are (" + std::to_string(s.heads_q) + ") or (" + std::to_string(s.batch) + ", " +
+                              std::to_string(s.heads_q) + ")");
+    }
+    d.slopes = load_checked(src.slopes, "alibi_slopes", DType::f32, got);
+  } else if (s.alibi) {
     // Random positive slopes around 0.25, the magnitude of ALiBi's first heads.
     d.slopes = zeros(DType::f32, {s.heads_q});
     fill_normal(d.slopes, src.seed, 6, 0.25, 0.05);

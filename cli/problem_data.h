@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "attend/backend.h"
+#include "attend/kvcache.h"
 #include "attend/tensor.h"
 #include "problem_flags.h"
 
@@ -28,17 +30,31 @@ attend::Tensor zeros(attend::DType dtype, const Shape& shape);
 attend::Tensor convert(const attend::TensorView& t, attend::DType dtype);
 std::string shape_string(const Shape& shape);
 
+// A .npy input, read once (read_npy_input) so that its shape can fill in the
+// size flags before the data is built. An empty path: seeded random data.
+struct NpyInput {
+  std::string path;
+  attend::Tensor tensor;
+};
+NpyInput read_npy_input(const std::string& path);
+
 struct DataSources {
-  std::string q, k, v, dout;  // .npy paths; empty: seeded random normal
+  NpyInput q, k, v, dout;
   std::uint64_t seed = 1;
   bool need_dout = false;
+  NpyInput slopes;  // ALiBi slopes, (H) or (B, H) f32; none: random positive slopes
 };
+
+// Sizes the .npy files imply (dense q, k, v of 4 dims in the flags' layout; a
+// KV cache's k/v are (B, S, Hkv, D)) written into the size flags the command
+// line left unset, so `run --q q.npy --k k.npy --v v.npy` replays saved files.
+void sizes_from_files(ProblemFlags& flags, const DataSources& src);
 
 struct ProblemData {
   attend::Tensor q, k, v, dout, bias, slopes, cu_seqlens_q, cu_seqlens_kv;
   // spec.paged(): k and v above are the dense tokens appended to an
   // attend::KVCache (B, max cached, Hkv, D); the kernels read its pages.
-  attend::Tensor k_pool, v_pool, block_table, cache_seqlens, cache_leftpad;
+  std::shared_ptr<const attend::KVCache> cache;
   attend::Inputs inputs() const;
 };
 

@@ -1,6 +1,7 @@
 #include "problem_flags.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <numeric>
 #include <string_view>
@@ -11,6 +12,7 @@
 #include "attend/registry.h"
 #include "runtime/checked.h"
 #include "flag_checks.h"
+#include "problem_data.h"
 
 namespace attend_cli {
 
@@ -23,12 +25,14 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
                      ->group(g)->capture_default_str();
   app.add_option("--seqlen-q", f.seqlen_q, "queries per sequence")->check(pos)->group(g);
   app.add_option("--seqlen-kv", f.seqlen_kv, "keys per sequence")->check(pos)->group(g);
-  app.add_option("--heads", f.heads, "sets --heads-q and --heads-kv")->check(pos)->group(g)
-      ->capture_default_str();
+  f.heads_opt =
+      app.add_option("--heads", f.heads, "sets --heads-q and --heads-kv")->check(pos)->group(g)->capture_default_str();
   app.add_option("--heads-q", f.heads_q, "query heads (H)")->check(pos)->group(g);
   app.add_option("--heads-kv", f.heads_kv, "key/value heads (GQA: H % heads_kv == 0)")->check(pos)->group(g);
-  app.add_option("--head-dim", f.head_dim, "sets --head-dim-qk and --head-dim-v")->check(pos)->group(g)
-      ->capture_default_str();
+  f.head_dim_opt = app.add_option("--head-dim", f.head_dim, "sets --head-dim-qk and --head-dim-v")
+                       ->check(pos)
+                       ->group(g)
+                       ->capture_default_str();
   app.add_option("--head-dim-qk", f.head_dim_qk, "feature size of q and k")->check(pos)->group(g);
   app.add_option("--head-dim-v", f.head_dim_v, "feature size of v and out")->check(pos)->group(g);
   app.add_option("--dtype", f.dtype, "f32|f64|bf16|f16")->group(g)->capture_default_str();
@@ -52,8 +56,10 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
   app.add_flag("--kv-cache", f.kv_cache,
                "K/V live in a paged attend::KVCache (inference): --seqlen-kv tokens per sequence, "
                "queries attend bottom-right aligned to each sequence's length")->group(g);
-  app.add_option("--page-size", f.page_size, "tokens per KV-cache page, a power of two")->check(pos)->group(g)
-      ->capture_default_str();
+  f.page_size_opt = app.add_option("--page-size", f.page_size, "tokens per KV-cache page, a power of two")
+                        ->check(pos)
+                        ->group(g)
+                        ->capture_default_str();
   app.add_option("--cache-seqlens", f.cache_seqlens, "per-sequence cached tokens, e.g. 900,17 [--seqlen-kv each]")
       ->delimiter(',')->check(non_negative_int())->group(g);
   app.add_option("--cache-leftpad", f.cache_leftpad, "per-sequence left padding of the cache, e.g. 0,5")
@@ -135,6 +141,16 @@ void set_kv_cache(const ProblemFlags& f, Problem& p) {
   };
   per_sequence(p.cache_lens, "--cache-seqlens", " lengths");
   per_sequence(p.cache_pads, "--cache-leftpad", " values");
+  // An explicit --seqlen-kv (or --seqlen) is the longest sequence the cache holds.
+  const std::int64_t explicit_kv = f.seqlen_kv ? f.seqlen_kv : f.seqlen_opt->count() ? f.seqlen : 0;
+  for (const std::int64_t len : p.cache_lens) {
+    if (explicit_kv > 0 && len > explicit_kv) {
+      fail("--cache-seqlens", std::to_string(len),
+           "exceeds --seqlen-kv=" + std::to_string(explicit_kv) +
+               ", the longest sequence the cache holds "
+               "(leave --seqlen-kv out to size the cache from --cache-seqlens)");
+    }
+  }
   if (!p.cache_lens.empty() || !p.cache_pads.empty()) {  // then batch is the lists' length
     const std::int64_t default_len = s.seqlen_kv;
     s.seqlen_kv = 0;
@@ -205,9 +221,15 @@ Problem make_problem(const ProblemFlags& f) {
   if (!f.varlen_q.empty() || !f.varlen_kv.empty()) set_varlen(f, p);
   if (f.kv_cache) {
     set_kv_cache(f, p);
-  } else if (!f.cache_seqlens.empty() || !f.cache_leftpad.empty()) {
-    throw attend::Error(attend::ErrorCode::invalid_argument, "--cache-seqlens", "given",
-                        "--cache-seqlens/--cache-leftpad describe a KV cache: add --kv-cache");
+  } else {
+    const char* cache_flag = !f.cache_seqlens.empty()       ? "--cache-seqlens"
+                             : !f.cache_leftpad.empty()     ? "--cache-leftpad"
+                             : f.page_size_opt->count() > 0 ? "--page-size"
+                                                            : nullptr;
+    if (cache_flag != nullptr) {
+      throw attend::Error(attend::ErrorCode::invalid_argument, cache_flag, "given",
+                          "--page-size/--cache-seqlens/--cache-leftpad describe a KV cache: add --kv-cache");
+    }
   }
   if (f.scale_opt->count() > 0) s.scale = f.scale;
   s.causal = f.causal;
@@ -243,6 +265,36 @@ Problem make_problem(const ProblemFlags& f) {
   p.policy = attend::Policy::from_env();
   apply_policy(f, p.policy);
   return p;
+}
+
+void sizes_from_files(ProblemFlags& f, const DataSources& src) {
+  const auto dims = [](const NpyInput& in) {
+    return in.tensor.defined() && in.tensor.view().ndim == 4
+               ? Shape(in.tensor.view().shape.begin(), in.tensor.view().shape.begin() + 4)
+               : Shape{};
+  };
+  const Shape q = dims(src.q), k = dims(src.k), v = dims(src.v);
+  if (q.empty() || k.empty() || v.empty() || !f.varlen_q.empty() || !f.varlen_kv.empty()) return;
+  // Positions of (batch, seq, heads) in each layout; a KV cache takes (B, S, Hkv, D).
+  const auto axes = [](const std::string& layout) -> std::array<std::size_t, 3> {
+    if (layout == "bhsd") return {0, 2, 1};
+    if (layout == "sbhd") return {1, 0, 2};
+    return {0, 1, 2};
+  };
+  const auto aq = axes(f.layout), akv = f.kv_cache ? axes("bshd") : aq;
+  if (f.batch_opt->count() == 0) f.batch = q[aq[0]];
+  if (f.seqlen_opt->count() == 0) {
+    if (f.seqlen_q == 0) f.seqlen_q = q[aq[1]];
+    if (f.seqlen_kv == 0 && f.cache_seqlens.empty()) f.seqlen_kv = k[akv[1]];
+  }
+  if (f.heads_opt->count() == 0) {
+    if (f.heads_q == 0) f.heads_q = q[aq[2]];
+    if (f.heads_kv == 0) f.heads_kv = k[akv[2]];
+  }
+  if (f.head_dim_opt->count() == 0) {
+    if (f.head_dim_qk == 0) f.head_dim_qk = q[3];
+    if (f.head_dim_v == 0) f.head_dim_v = v[3];
+  }
 }
 
 ProblemParser::ProblemParser() : app_(std::make_unique<CLI::App>("problem flags", "attend")) {

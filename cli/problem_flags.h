@@ -40,6 +40,9 @@ struct ProblemFlags {
   CLI::Option* batch_opt = nullptr;
   CLI::Option* seqlen_opt = nullptr;
   CLI::Option* scale_opt = nullptr;
+  CLI::Option* heads_opt = nullptr;
+  CLI::Option* head_dim_opt = nullptr;
+  CLI::Option* page_size_opt = nullptr;
 };
 
 void add_problem_flags(CLI::App& app, ProblemFlags& flags);

@@ -24,6 +24,8 @@ void spec(const std::uint8_t* data, std::size_t size);
 
 // The bytes split at newlines into argv, parsed by the CLI's problem flags
 // (attend_cli::parse_problem_args), then selected; tiny problems get their data built.
+// A list starting with "bench" runs `attend bench` on it instead (tiny problems,
+// shortest timing; in builds with the bench harness).
 void cli_flags(const std::uint8_t* data, std::size_t size);
 
 }  // namespace attend_fuzz

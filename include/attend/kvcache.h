@@ -75,6 +75,11 @@ class KVCache {
   const Tensor& block_table() const { return table_; }  // (B, pages_per_sequence) i32; -1: no page yet
   const Tensor& seqlens() const { return seqlens_; }    // (B) i32: length(b)
   const Tensor& leftpads() const { return leftpads_; }  // (B) i32: leftpad(b)
+  // Points in.k and in.v at the page pools and in.block_table, in.cache_seqlens
+  // (and in.cache_leftpad when has_leftpad()) at the cache's tables, as a spec
+  // with kv_page_size = page_size() expects; the other fields are left alone.
+  // The views share the cache's storage.
+  void bind(Inputs& in) const;
 
  private:
   void check_seq(std::int64_t seq, const char* field) const;

@@ -23,7 +23,8 @@ __all__ = [
 
 
 def flash_isa():
-    """The kernel family flash runs with: 'avx512', 'avx2' or 'scalar'."""
+    """The kernel family flash runs with: 'avx512amx', 'avx512bf16', 'avx512', 'avx2' or 'scalar'
+    (the best the CPU has, or ATTEND_ISA's choice)."""
     return _C.flash_isa()
 
 

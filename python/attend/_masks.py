@@ -28,6 +28,15 @@ def dtype_name(t, name="query"):
                "attend computes float32, float64, bfloat16 and float16")
 
 
+def window_sides(window_size):
+    """(left, right) of a FlashAttention-style window_size (None: unbounded). As in
+    FlashAttention, any negative side means unbounded; attend spells that -1."""
+    if window_size is None:
+        return -1, -1
+    left, right = int(window_size[0]), int(window_size[1])
+    return max(left, -1), max(right, -1)
+
+
 def top_left_window(sq, sk, left, right):
     """A top-left aligned window (left, right; -1 unbounded) as (keys, left', right')
     in attend's bottom-right alignment over keys [0, keys); None if inexpressible."""

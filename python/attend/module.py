@@ -102,7 +102,7 @@ class DotProductAttention(torch.nn.Module):
         causal = "causal" in mask_type
         top_left = causal and not mask_type.endswith("bottom_right")
         window = window_size if window_size is not None else self.window_size
-        left, right = (int(window[0]), int(window[1])) if window is not None else (-1, -1)
+        left, right = _masks.window_sides(window)
         if causal:
             right = 0
         slopes = None

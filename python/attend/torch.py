@@ -131,7 +131,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 # --- flash_attn ---------------------------------------------------------------------------
 
 def _window(causal, window_size):
-    left, right = (int(window_size[0]), int(window_size[1])) if window_size is not None else (-1, -1)
+    left, right = _masks.window_sides(window_size)
     return left, (0 if causal else right)
 
 

@@ -3,7 +3,7 @@
 The oracle is PyTorch's own autograd over the math definition of attention
 (this torch, 1.13, has no F.scaled_dot_product_attention; its math path is the
 same softmax(q k^T * scale + mask) v written out here). Tolerances follow
-shared/reference/fa_semantics.md §3.3: with out_ref computed in float64 from the
+docs/semantics.md §7: with out_ref computed in float64 from the
 float32 leaves and out_pt a naive float32 computation (scale moved onto k), the
 kernel must satisfy max|out - out_ref| <= C * max|out_pt - out_ref| + atol, with
 atol = 2 * max|(ref + 0.3 - 0.3) - ref| (the rounding noise of one add in f32).

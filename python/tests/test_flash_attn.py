@@ -42,6 +42,13 @@ def test_flash_attn_func_matches_math(hq, hk, sq, sk, causal, window):
     assert last_selection().selected == "flash"
 
 
+def test_flash_attn_any_negative_window_side_is_unbounded_as_in_flash_attn():
+    q, k, v = randn(1, 24, 2, 16, seed=7), randn(1, 24, 2, 16, seed=8), randn(1, 24, 2, 16, seed=9)
+    want = flash_attn_func(q, k, v, window_size=(-1, 3))
+    assert torch.equal(flash_attn_func(q, k, v, window_size=(-5, 3)), want)
+    assert torch.equal(flash_attn_func(q, k, v, window_size=(-1, -2)), flash_attn_func(q, k, v))
+
+
 @pytest.mark.parametrize("d,dv", [(192, 128), (64, 512)])
 def test_flash_attn_func_different_value_head_dim_trains(d, dv):
     q, k, v = randn(1, 40, 2, d, seed=4), randn(1, 40, 2, d, seed=5), randn(1, 40, 2, dv, seed=6)

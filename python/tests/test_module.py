@@ -129,3 +129,10 @@ def test_module_top_left_causal_window_and_arbitrary_mask(sq, sk, window):
     excluded[..., 0] = False
     out = m(q, k, v, attention_mask=excluded, attn_mask_type="arbitrary", window_size=(-1, -1))
     torch.testing.assert_close(out, ref(q, k, v, True, False, keep=~excluded[0, 0]), rtol=1e-5, atol=1e-5)
+
+
+def test_module_any_negative_window_side_is_unbounded():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 16, 4, 8) for _ in range(3))
+    m = DotProductAttention(4, 8, qkv_format="bshd", attn_mask_type="no_mask")
+    assert torch.equal(m(q, k, v, window_size=(-3, -7)), m(q, k, v, window_size=(-1, -1)))

@@ -4,10 +4,13 @@
 #include <string>
 
 #include "attend/select.h"
+#include "runtime/json.h"
 
 namespace attend {
 
 namespace {
+
+using detail::json_escape;
 
 std::string pass_cell(const std::optional<Support>& s) {
   if (!s) return "n/a";
@@ -38,27 +41,6 @@ bool same_details(const Verdict& a, const Verdict& b) {
 std::string pad(std::string s, std::size_t width) {
   if (s.size() < width) s.append(width - s.size(), ' ');
   return s;
-}
-
-std::string json_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
 }
 
 std::string support_json(const Support& s) {

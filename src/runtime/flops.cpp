@@ -23,6 +23,12 @@ std::int64_t visible_pairs(const AttentionSpec& spec, std::int64_t sq, std::int6
 
 std::int64_t visible_pairs(const AttentionSpec& spec, const Inputs& in) {
   if (spec.paged()) {
+    // The lengths live in cache_seqlens: without it there is nothing to count.
+    if (in.cache_seqlens.as<const std::int32_t>() == nullptr || in.cache_seqlens.dtype != DType::i32 ||
+        in.cache_seqlens.numel() < spec.batch || (spec.kv_leftpad && in.cache_leftpad.numel() < spec.batch)) {
+      throw Error(ErrorCode::invalid_argument, "cache_seqlens", "missing",
+                  "paged FLOP counts need i32 cache_seqlens (and cache_leftpad with kv_leftpad) of batch entries");
+    }
     std::int64_t total = 0;
     for (std::int64_t b = 0; b < spec.batch; ++b) {
       const SeqSpan sp = sequence_span(spec, in, b);

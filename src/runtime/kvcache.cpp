@@ -239,14 +239,18 @@ KVCacheProblem kvcache_problem(const TensorView& q, const KVCache& cache, const 
   s.seqlen_kv = 0;
   for (std::int64_t b = 0; b < c.batch; ++b) s.seqlen_kv = std::max(s.seqlen_kv, cache.length(b) - cache.leftpad(b));
   p.inputs.q = q;
-  p.inputs.k = cache.k_pages();
-  p.inputs.v = cache.v_pages();
-  p.inputs.block_table = cache.block_table();
-  p.inputs.cache_seqlens = cache.seqlens();
-  if (s.kv_leftpad) p.inputs.cache_leftpad = cache.leftpads();
+  cache.bind(p.inputs);
   if (s.alibi) p.inputs.alibi_slopes = alibi_slopes;
   validate_inputs(s, p.inputs);
   return p;
+}
+
+void KVCache::bind(Inputs& in) const {
+  in.k = k_;
+  in.v = v_;
+  in.block_table = table_;
+  in.cache_seqlens = seqlens_;
+  if (has_leftpad()) in.cache_leftpad = leftpads_;
 }
 
 ForwardResult forward_with_kvcache(const TensorView& q, const KVCache& cache, const AttentionSpec& spec, Mode mode,

@@ -89,10 +89,12 @@ void validate(const AttentionSpec& s) {
     invalid("softcap", num(s.softcap), "must be finite and >= 0 (0 disables softcap)");
   }
   if (s.window_left < -1) {
-    invalid("window_left", std::to_string(s.window_left), "must be >= -1 (-1 = unbounded)");
+    invalid("window_left", std::to_string(s.window_left),
+            "must be >= -1 (-1 = unbounded; FlashAttention treats any negative value as unbounded; pass -1)");
   }
   if (s.window_right < -1) {
-    invalid("window_right", std::to_string(s.window_right), "must be >= -1 (-1 = unbounded)");
+    invalid("window_right", std::to_string(s.window_right),
+            "must be >= -1 (-1 = unbounded; FlashAttention treats any negative value as unbounded; pass -1)");
   }
   if (!(s.dropout_p >= 0.0 && s.dropout_p < 1.0)) {
     invalid("dropout_p", num(s.dropout_p), "must lie in [0, 1)");

@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include "attend/kvcache.h"
 #include "bench/harness.h"
 #include "bench/report.h"
 #include "runtime/flops.h"
@@ -133,6 +134,85 @@ TEST(BenchHarness, UnsupportedProblemsAreSkippedWithTheReason) {
   ASSERT_EQ(r.rows.size(), 2u);  // flash forward and backward
   ASSERT_EQ(r.notes.size(), 1u);  // unfused, once for both passes
   EXPECT_NE(r.notes[0].find("softcap"), std::string::npos);
+}
+
+// `attend bench --kv-cache` crashed: the harness handed the kernels (and the
+// FLOP count) paged K/V without the cache's block table and lengths.
+TEST(BenchHarness, KvCacheProblemIsMeasuredForwardAndOtherwiseSkippedWithNotes) {
+  AttentionSpec s = tiny(true);
+  s.batch = 2;
+  s.seqlen_q = 4;
+  s.kv_page_size = 8;
+  ab::HarnessOptions o = fast_options({ab::Impl::flash, ab::Impl::reference, ab::Impl::unfused});
+  o.make_tensors = [](const AttentionSpec& spec) {
+    attend::AttentionSpec dense = spec;
+    dense.kv_page_size = 0;
+    const t::Problem p = t::make_problem(dense, 3);
+    attend::KVCache cache({.batch = spec.batch,
+                           .heads_kv = spec.heads_kv,
+                           .head_dim_qk = spec.head_dim_qk,
+                           .head_dim_v = spec.head_dim_v,
+                           .max_seqlen = spec.seqlen_kv,
+                           .page_size = spec.kv_page_size});
+    const std::vector<std::int64_t> counts{spec.seqlen_kv, spec.seqlen_kv / 2};
+    cache.append(p.k, p.v, counts);
+    ab::ProblemTensors d;
+    d.q = p.q;
+    d.dout = p.dout;
+    d.cache = std::make_shared<const attend::KVCache>(std::move(cache));
+    return d;
+  };
+  const ab::Report r = ab::run_benchmarks({s}, o, fake_header());
+  ASSERT_EQ(r.rows.size(), 2u);  // flash and reference forward; no backward through a cache
+  for (const ab::Row& row : r.rows) EXPECT_EQ(row.pass, Pass::forward);
+  // Causal bottom-right per sequence: 4 queries over 32 and 16 keys.
+  EXPECT_EQ(r.rows[0].flops, 4 * ((29 + 30 + 31 + 32) + (13 + 14 + 15 + 16)) * 16 * 2);
+  std::string notes;
+  for (const std::string& n : r.notes) notes += n + "\n";
+  EXPECT_NE(notes.find("flash backward skipped"), std::string::npos) << notes;
+  EXPECT_NE(notes.find("unfused skipped"), std::string::npos) << notes;
+}
+
+TEST(BenchHarness, PagedPairCountWithoutCacheLengthsIsAnError) {
+  AttentionSpec s = tiny();
+  s.kv_page_size = 8;
+  EXPECT_THROW((void)attend::detail::visible_pairs(s, attend::Inputs{}), attend::Error);
+}
+
+TEST(BenchReport, PinnedOpenBlasIsLabelledAndWarnedAbout) {
+  EXPECT_EQ(ab::blas_pinning(nullptr, nullptr), "");
+  EXPECT_EQ(ab::blas_pinning("Haswell", "262144"), "OPENBLAS_CORETYPE=Haswell OPENBLAS_L2_SIZE=262144");
+  ab::Report r;
+  r.header = fake_header();
+  r.header.blas_pinned = ab::blas_pinning("Haswell", nullptr);
+  std::ostringstream os;
+  ab::print_report(os, r);
+  EXPECT_NE(os.str().find("ms) [pinned: OPENBLAS_CORETYPE=Haswell]\n"), std::string::npos) << os.str();
+  EXPECT_NE(os.str().find("\nwarning: OpenBLAS is pinned by OPENBLAS_CORETYPE=Haswell"), std::string::npos);
+  EXPECT_NE(os.str().find("bench/run.sh"), std::string::npos);
+  r.header.blas_pinned.clear();
+  std::ostringstream plain;
+  ab::print_report(plain, r);
+  EXPECT_EQ(plain.str().find("warning"), std::string::npos) << plain.str();
+}
+
+TEST(BenchReport, RowsWhoseMedianIsFarAboveTheBestAreFlagged) {
+  ab::Report r;
+  r.header = fake_header();
+  ab::Row calm, noisy;
+  calm.problem = "calm";
+  calm.timing = {1e-3, 1.5e-3, 5};
+  noisy.problem = "noisy";
+  noisy.timing = {1e-3, 8e-3, 5};
+  r.rows = {calm, noisy};
+  EXPECT_FALSE(calm.noisy());
+  EXPECT_TRUE(noisy.noisy());
+  std::ostringstream os;
+  ab::print_report(os, r);
+  EXPECT_NE(os.str().find("\nwarning: noisy: noisy flash forward: best 1.000 ms is 8.0x below the median 8.000 ms"),
+            std::string::npos)
+      << os.str();
+  EXPECT_EQ(os.str().find("noisy: calm"), std::string::npos);
 }
 
 TEST(BenchHarness, TableCsvAndJsonCarryTheDocumentedFields) {

@@ -90,6 +90,14 @@ TEST(SpecValidation, WindowBelowMinusOneIsRejected) {
   s = small_spec();
   s.window_right = -5;
   expect_spec_error(s, "window_right");
+  // Users coming from FlashAttention (any negative side = unbounded) are told so.
+  try {
+    validate(s);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FlashAttention treats any negative value as unbounded; pass -1"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(SpecValidation, DropoutOutsideUnitIntervalIsRejected) {

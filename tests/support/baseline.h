@@ -1,4 +1,4 @@
-// FlashAttention's same-precision-baseline rule (reference/fa_semantics.md §3.3)
+// FlashAttention's same-precision-baseline rule (docs/semantics.md §7)
 // for f32 kernels: the naive baseline is the reference backend accumulating in
 // f32; the exact answer is the f64 reference. (half_baseline.h: bf16/f16.)
 #pragma once

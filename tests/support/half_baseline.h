@@ -1,4 +1,4 @@
-// FlashAttention's same-precision-baseline rule (reference/fa_semantics.md §3.3)
+// FlashAttention's same-precision-baseline rule (docs/semantics.md §7)
 // for bf16/f16 inputs:
 //   ref   = the f64 reference on the exact (upcast) half inputs, its outputs and
 //           gradients rounded to the input dtype (FA's attention_ref(upcast=True));

@@ -11,9 +11,10 @@
 // the bf16/f16 backward adds the dQ sum above).
 // Backward is bitwise identical across runs and thread counts.
 // Environment: ATTEND_ISA=avx512amx|avx512bf16|avx512|avx2|scalar forces a kernel
-// family (avx512amx, the default where CPU and OS allow it: the bf16 forward's
-// and backward's GEMMs on AMX tiles; avx512bf16, opt-in: the bf16 forward's on
-// vdpbf16ps);
+// family. Without it the best the CPU has is used, in the order avx512amx
+// (where CPU and OS allow AMX: the bf16 forward's and backward's GEMMs on AMX
+// tiles), avx512bf16 (the default where AVX512-BF16 comes without AMX, e.g. AMD
+// Zen 4/5: the same GEMMs on vdpbf16ps), avx512, avx2, scalar;
 // ATTEND_NUM_THREADS caps its threads (else OpenMP's setting).
 #pragma once
 

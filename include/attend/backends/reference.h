@@ -27,8 +27,8 @@ struct ReferenceOptions {
   // intermediate matrix — scaled scores, softcap, P (and P' with dropout), dP,
   // D, dS — is rounded to the input dtype, while each dot product accumulates in
   // f32, as half-precision matmuls and softmaxes do in PyTorch. This is the
-  // "err_pt" baseline of FlashAttention's tolerance rule (reference/fa_semantics.md
-  // §3.3). No effect for f32 with f32 accumulation or for f64.
+  // "err_pt" baseline of FlashAttention's tolerance rule (docs/semantics.md §7).
+  // No effect for f32 with f32 accumulation or for f64.
   bool round_intermediates_to_input_dtype = false;
 };
 

@@ -1,5 +1,5 @@
 // decode (f32) against the f64 reference on dense, varlen and paged problems,
-// with FlashAttention's same-precision-baseline rule (fa_semantics.md §3.3).
+// with FlashAttention's same-precision-baseline rule (docs/semantics.md §7).
 #include <gtest/gtest.h>
 
 #include <omp.h>

@@ -1,5 +1,5 @@
 // flash on bf16/f16 inputs, forward and all gradients, against the f64 reference
-// with FlashAttention's same-precision-baseline rule (fa_semantics.md §3.3), on
+// with FlashAttention's same-precision-baseline rule (docs/semantics.md §7), on
 // odd shapes across features; and, on the conversion paths, exactly the f32
 // kernel's result on the widened inputs rounded once (loads widen exactly, all
 // math is f32, dQ is accumulated in f32). Runs once per forced ISA.

@@ -1,6 +1,6 @@
 // flash (f32) against the f64 reference on odd shapes and every feature, forward
 // and all gradients, with FlashAttention's same-precision-baseline rule
-// (fa_semantics.md §3.3): err(flash) <= C * err(naive f32) + atol, where the
+// (docs/semantics.md §7): err(flash) <= C * err(naive f32) + atol, where the
 // naive f32 computation is the reference backend accumulating in f32.
 #include <gtest/gtest.h>
 
