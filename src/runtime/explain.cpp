@@ -71,6 +71,7 @@ std::string Selection::explain() const {
          pad("backward", 10) + "verdict / reasons\n";
   out += std::string(name_w + var_w + 29 + 17, '-') + "\n";
   const Verdict* shown = nullptr;  // the last row whose details were printed
+  std::string noted;               // the backend whose notes were last printed
   for (const auto& v : verdicts) {
     // A variant this process cannot run gets one line: its checks add nothing.
     const bool unavailable = v.forward.failed(ReasonCode::variant);
@@ -80,20 +81,26 @@ std::string Selection::explain() const {
     if (unavailable) continue;
     // Variants of one backend usually agree: say so instead of repeating them.
     if (shown && shown->backend == v.backend && same_details(*shown, v) &&
-        (!v.forward.reasons.empty() || !v.forward.notes.empty() || (v.backward && !v.backward->reasons.empty()))) {
-      out += std::string(name_w, ' ') + "(same reasons and notes as " + shown->variant + ")\n";
+        (!v.forward.reasons.empty() || (v.backward && !v.backward->reasons.empty()))) {
+      out += std::string(name_w, ' ') + "(same reasons as " + shown->variant + ")\n";
       continue;
     }
     // Reasons of a declined pass; notes only of a supported one (how it will run).
+    bool printed_notes = false;
     const auto details = [&](const char* pass, const Support& s) {
       for (const Reason& r : s.reasons) {
         out += std::string(name_w, ' ') + "- " + pass + ": " + r.message + " [" + std::string(to_string(r.code)) + "]\n";
       }
       if (!s.ok()) return;
+      // Notes say how a pass will run: once per backend (its first variant this
+      // process may use, or the chosen one), not again for each alternative variant.
+      if (!v.variant_excluded.empty() || (!v.chosen && noted == v.backend)) return;
       for (const std::string& n : s.notes) out += std::string(name_w, ' ') + "note " + pass + ": " + n + "\n";
+      printed_notes = true;
     };
     details("forward", v.forward);
     if (v.backward) details("backward", *v.backward);
+    if (printed_notes) noted = v.backend;
     shown = &v;
   }
   if (backend) out += "selected: " + std::string(backend->name()) + " (" + std::string(variant_name()) + ")\n";
