@@ -71,8 +71,25 @@ class Explanation:
         return self.data["mode"]
 
     @property
+    def selected_variant(self):
+        """The chosen variant of the selected backend (e.g. flash's "avx2"), or None."""
+        return self.data.get("selected_variant")
+
+    @property
     def verdicts(self):
-        return {b["name"]: b for b in self.data["backends"]}
+        """Per backend name, the verdict of its chosen variant, else of its first
+        variant this process may use (``variant_verdicts`` has every row)."""
+        out = {}
+        for b in self.data["backends"]:
+            cur = out.get(b["name"])
+            if cur is None or (not cur["chosen"] and (b["chosen"] or (cur["variant_excluded"] and not b["variant_excluded"]))):
+                out[b["name"]] = b
+        return out
+
+    @property
+    def variant_verdicts(self):
+        """Every (backend, variant) row: {(name, variant): verdict}."""
+        return {(b["name"], b["variant"]): b for b in self.data["backends"]}
 
     def reasons(self, backend):
         """Every reason `backend` gave, as (pass, code, message) tuples."""

@@ -6,7 +6,7 @@
 
 #include "attend/attend.h"
 #include "attend/backends/reference.h"
-#include "core/fake_backends.h"
+#include "runtime/fake_backends.h"
 #include "support/tensors.h"
 
 namespace attend {
