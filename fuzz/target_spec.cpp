@@ -200,7 +200,7 @@ Outputs run_forward(const attend::Backend& b, const AttentionSpec& s, const atte
   const DType lse_t = s.dtype == DType::f64 ? DType::f64 : DType::f32;
   const Dims o = token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_v);
   Outputs r;
-  r.out = attend::Tensor::zeros(s.dtype, std::span<const std::int64_t>(o));
+  r.out = attend::Tensor::zeros(s.effective_out_dtype(), std::span<const std::int64_t>(o));
   r.lse = s.varlen() ? attend::Tensor::zeros(lse_t, {s.heads_q, s.total_q})
                      : attend::Tensor::zeros(lse_t, {s.batch, s.heads_q, s.seqlen_q});
   b.forward(attend::ForwardArgs{s, in, r.out, r.lse});
@@ -299,6 +299,13 @@ void spec(const std::uint8_t* data, std::size_t size) {
   // the checked-in inputs, made before this field existed, still decode into
   // the problems they were found with.
   if (in.u8() % 8 == 7) s.dq_dtype = static_cast<DType>(in.u8() % 5);
+  // The partial-problem fields, drawn after it for the same reason.
+  if (in.u8() % 8 == 7) {
+    s.q_offset = in.u8();
+    s.kv_offset = in.u8();
+  }
+  if (in.u8() % 8 == 7) s.out_dtype = static_cast<DType>(in.u8() % 5);
+  s.accumulate_grads = in.u8() % 8 == 7;  // the gradients start at zero: adding equals writing
   // Validating cu_seqlens or a block table reads every one of its batch+1 (or
   // batch) entries: linear work that a stride-0 view of 2^40 entries turns into
   // hours. That is the cost of the tensor's size, not a hang; keep runs short.
