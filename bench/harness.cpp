@@ -13,6 +13,7 @@
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
 #include "attend/error.h"
+#include "attend/registry.h"
 #include "runtime/flops.h"
 #include "unfused.h"
 
@@ -73,22 +74,22 @@ struct Planned {
 class Runner {
  public:
   Runner(const HarnessOptions& options, Report& report)
-      : opt_(options), report_(report), flash_(make_flash_backend()), reference_(make_reference_backend()) {}
+      : opt_(options), report_(report) {}
 
   std::vector<Planned> plan(const std::vector<AttentionSpec>& problems) {
     std::vector<Planned> plan;
     for (std::size_t i = 0; i < problems.size(); ++i) {
       const AttentionSpec& s = problems[i];
       validate(s);
-      for (const Impl impl : opt_.impls) {
+      for (const Impl& impl : opt_.impls) {
         Planned p{i, impl, {}};
-        if (impl == Impl::reference && attention_work(s) > opt_.reference_max_work && !opt_.force_reference) {
+        if (impl.backend == "reference" && attention_work(s) > opt_.reference_max_work && !opt_.force_reference) {
           report_.notes.push_back("reference skipped for " + problem_label(s) + ": B*H*Sq*Sk = " +
                                   std::to_string(attention_work(s)) + " exceeds " +
                                   std::to_string(opt_.reference_max_work) + " (request it with --force-reference)");
           continue;
         }
-        if (impl == Impl::unfused && !UnfusedAttention::check(s).ok()) {  // the same for every pass
+        if (impl.is_unfused() && !UnfusedAttention::check(s).ok()) {  // the same for every pass
           report_.notes.push_back("unfused skipped for " + problem_label(s) + ": " +
                                   UnfusedAttention::check(s).to_string());
           continue;
@@ -98,7 +99,7 @@ class Runner {
           if (why.empty()) {
             p.passes.push_back(pass);
           } else {
-            report_.notes.push_back(std::string(to_string(impl)) + " " + std::string(to_string(pass)) +
+            report_.notes.push_back(to_string(impl) + " " + std::string(to_string(pass)) +
                                     " skipped for " + problem_label(s) + ": " + why);
           }
         }
@@ -112,21 +113,31 @@ class Runner {
   void run(const AttentionSpec& s, const ProblemTensors& data, const Planned& p) {
     const Inputs in = data.inputs();
     const std::int64_t pairs = detail::visible_pairs(s, in);
-    if (p.impl == Impl::unfused) {
+    if (p.impl.is_unfused()) {
       run_unfused(s, data, in, pairs, p.passes);
     } else {
-      run_backend(p.impl == Impl::flash ? *flash_ : *reference_, p.impl, s, data, in, pairs, p.passes);
+      run_backend(*backend(p.impl), p.impl, s, data, in, pairs, p.passes);
     }
   }
 
  private:
-  // flash / reference: the backend's own check (unfused is checked once, in plan()).
-  std::string unsupported(Impl impl, const AttentionSpec& s, Pass pass) const {
-    if (impl == Impl::unfused) return "";
-    const Backend& b = impl == Impl::flash ? *flash_ : *reference_;
-    const Support fwd = b.check(s, Pass::forward);
+  // The registered backend an impl names (parse_impl checked that it exists).
+  static std::shared_ptr<const Backend> backend(const Impl& impl) {
+    auto b = Registry::global().find(impl.backend);
+    if (!b) throw Error(ErrorCode::invalid_argument, "impl", impl.backend, "no registered backend has this name");
+    return b;
+  }
+  static Target target(const Backend& b, const Impl& impl) {
+    return {Device::cpu(), impl.variant.empty() ? -1 : b.find_variant(impl.variant)};
+  }
+
+  // A backend: its own check (unfused is checked once, in plan()).
+  std::string unsupported(const Impl& impl, const AttentionSpec& s, Pass pass) const {
+    if (impl.is_unfused()) return "";
+    const auto b = backend(impl);
+    const Support fwd = b->check(s, Pass::forward, target(*b, impl));
     if (!fwd.ok()) return fwd.to_string();  // backward also needs the forward's outputs
-    const Support sup = b.check(s, pass);
+    const Support sup = b->check(s, pass, target(*b, impl));
     return sup.ok() ? "" : sup.to_string();
   }
 
@@ -156,15 +167,16 @@ class Runner {
     report_.rows.push_back(std::move(r));
   }
 
-  void run_backend(const Backend& b, Impl impl, const AttentionSpec& s, const ProblemTensors& data,
+  void run_backend(const Backend& b, const Impl& impl, const AttentionSpec& s, const ProblemTensors& data,
                    const Inputs& in, std::int64_t pairs, const std::vector<Pass>& passes) {
     Tensor out = zeros_with_last(in.q, s.head_dim_v), lse = lse_tensor(s);
-    const Scratch fwd_ws(b.workspace_bytes(s, Pass::forward));
-    const ForwardArgs fa{s, in, out, lse, fwd_ws.workspace()};
+    const Target t = target(b, impl);
+    const Scratch fwd_ws(b.workspace_bytes(s, Pass::forward, t));
+    const ForwardArgs fa{s, in, out, lse, fwd_ws.workspace(), t};
     bool have_forward = false;
     for (const Pass pass : passes) {
       if (pass == Pass::forward) {
-        measure(s, impl, pass, pairs, b.workspace_bytes(s, pass), [&] { b.forward(fa); });
+        measure(s, impl, pass, pairs, b.workspace_bytes(s, pass, t), [&] { b.forward(fa); });
         have_forward = true;
         continue;
       }
@@ -174,10 +186,10 @@ class Runner {
       dq_view.dtype = s.effective_dq_dtype();  // --dq-dtype f32
       const Tensor dq = Tensor::zeros_like(dq_view), dk = Tensor::zeros_like(in.k), dv = Tensor::zeros_like(in.v);
       const Tensor dbias = s.bias_requires_grad ? Tensor::zeros_like(in.bias) : Tensor{};
-      const Scratch bwd_ws(b.workspace_bytes(s, Pass::backward));
+      const Scratch bwd_ws(b.workspace_bytes(s, Pass::backward, t));
       const BackwardArgs ba{s, in, out, lse, data.dout, dq, dk, dv,
-                            dbias.defined() ? dbias.view() : TensorView{}, bwd_ws.workspace()};
-      measure(s, impl, pass, pairs, b.workspace_bytes(s, pass), [&] { b.backward(ba); });
+                            dbias.defined() ? dbias.view() : TensorView{}, bwd_ws.workspace(), t};
+      measure(s, impl, pass, pairs, b.workspace_bytes(s, pass, t), [&] { b.backward(ba); });
     }
   }
 
@@ -200,26 +212,33 @@ class Runner {
 
   const HarnessOptions& opt_;
   Report& report_;
-  std::shared_ptr<const Backend> flash_, reference_;
   int total_ = 0, done_ = 0;
 };
 
 }  // namespace
 
-std::string_view to_string(Impl impl) {
-  switch (impl) {
-    case Impl::flash: return "flash";
-    case Impl::reference: return "reference";
-    case Impl::unfused: return "unfused";
-  }
-  return "?";
-}
+const Impl Impl::flash{"flash", ""};
+const Impl Impl::reference{"reference", ""};
+const Impl Impl::unfused{"unfused", ""};
+
+std::string to_string(const Impl& impl) { return impl.variant.empty() ? impl.backend : impl.backend + ":" + impl.variant; }
 
 Impl parse_impl(std::string_view text) {
-  if (text == "flash") return Impl::flash;
-  if (text == "reference") return Impl::reference;
   if (text == "unfused") return Impl::unfused;
-  throw Error(ErrorCode::invalid_argument, "impl", std::string(text), "expected flash, reference or unfused");
+  const auto colon = text.find(':');
+  Impl impl{std::string(text.substr(0, colon)), colon == std::string_view::npos ? "" : std::string(text.substr(colon + 1))};
+  const auto b = Registry::global().find(impl.backend);
+  if (!b) {
+    std::string names = "unfused";
+    for (const auto& e : Registry::global().backends()) names += ", " + std::string(e.backend->name());
+    throw Error(ErrorCode::invalid_argument, "impl", std::string(text), "expected one of " + names + " (optionally name:variant)");
+  }
+  if (!impl.variant.empty() && b->find_variant(impl.variant) < 0) {
+    std::string names;
+    for (const Variant& v : b->variants()) names += (names.empty() ? "" : ", ") + v.name;
+    throw Error(ErrorCode::invalid_argument, "impl", std::string(text), impl.backend + " has no such variant (" + names + ")");
+  }
+  return impl;
 }
 
 Inputs ProblemTensors::inputs() const {

@@ -21,11 +21,19 @@
 
 namespace attend::bench {
 
-// flash and reference run through the Backend interface (make_flash_backend(),
-// make_reference_backend()); unfused is UnfusedAttention (unfused.h).
-enum class Impl : std::uint8_t { flash, reference, unfused };
-std::string_view to_string(Impl impl);
-// "flash" | "reference" | "unfused"; throws attend::Error(invalid_argument) otherwise.
+// What a row measures: any registered backend (through the Backend interface),
+// optionally one of its variants ("flash:avx2"), or "unfused" (UnfusedAttention,
+// unfused.h). A new backend can be benchmarked without editing the harness.
+struct Impl {
+  std::string backend;  // a registered backend's name, or "unfused"
+  std::string variant;  // one of its variants; empty: its default under the policy
+  static const Impl flash, reference, unfused;
+  bool is_unfused() const { return backend == "unfused"; }
+  bool operator==(const Impl&) const = default;
+};
+std::string to_string(const Impl& impl);  // "flash", "flash:avx2", "unfused"
+// "unfused", or a registered backend name with an optional ":variant"; throws
+// attend::Error(invalid_argument) naming the registered backends otherwise.
 Impl parse_impl(std::string_view text);
 
 // The input tensors of one problem, owned; in spec.dtype and spec.layout.

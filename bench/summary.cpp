@@ -12,7 +12,7 @@ namespace attend::bench {
 
 namespace {
 
-const Row* find(const Report& report, const std::string& problem, Impl impl, Pass pass) {
+const Row* find(const Report& report, const std::string& problem, const Impl& impl, Pass pass) {
   for (const Row& r : report.rows) {
     if (r.problem == problem && r.impl == impl && r.pass == pass) return &r;
   }

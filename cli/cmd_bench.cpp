@@ -111,8 +111,11 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd) {
   sub->add_option("--dtypes", cmd.dtypes,
                   "run every problem in each dtype, e.g. f32,bf16 (prints each dtype's speed-up over f32)")
       ->delimiter(',')->check(CLI::IsMember({"f32", "bf16", "f16"}))->group(g);
-  sub->add_option("--impls", cmd.impls, "implementations: flash,unfused,reference")
-      ->delimiter(',')->check(CLI::IsMember({"flash", "unfused", "reference"}))->group(g)->capture_default_str();
+  // Any registered backend (name or name:variant) or unfused; parse_impl checks
+  // the names against the registry, so a new backend needs no edit here.
+  sub->add_option("--impls", cmd.impls,
+                  "implementations: unfused, or registered backends as name or name:variant (e.g. flash:avx2)")
+      ->delimiter(',')->group(g)->capture_default_str();
   sub->add_option("--passes", cmd.passes, "passes: forward,backward [forward only with --inference]")
       ->delimiter(',')->check(CLI::IsMember({"forward", "backward"}))->group(g)->capture_default_str();
   sub->add_flag("--force-reference", cmd.force_reference,
@@ -160,7 +163,13 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
 
   ab::HarnessOptions opt;
   opt.impls.clear();
-  for (const std::string& name : cmd.impls) opt.impls.push_back(ab::parse_impl(name));
+  for (const std::string& name : cmd.impls) {
+    try {
+      opt.impls.push_back(ab::parse_impl(name));
+    } catch (const attend::Error& e) {  // a misspelt flag value: a usage error, like every other flag
+      throw CLI::ValidationError("--impls", name + ": " + e.detail());
+    }
+  }
   opt.passes.clear();
   const bool passes_given = sub.get_option("--passes")->count() > 0;
   for (const std::string& name : cmd.passes) {
