@@ -13,8 +13,8 @@
 #include "bench/harness.h"
 #include "bench/sgemm_peak.h"
 #include "bench/unfused.h"
-#include "runtime/flops.h"
 #include "problem_data.h"
+#include "runtime/flops.h"
 
 namespace {
 

@@ -73,8 +73,7 @@ struct Planned {
 
 class Runner {
  public:
-  Runner(const HarnessOptions& options, Report& report)
-      : opt_(options), report_(report) {}
+  Runner(const HarnessOptions& options, Report& report) : opt_(options), report_(report) {}
 
   std::vector<Planned> plan(const std::vector<AttentionSpec>& problems) {
     std::vector<Planned> plan;
@@ -99,8 +98,8 @@ class Runner {
           if (why.empty()) {
             p.passes.push_back(pass);
           } else {
-            report_.notes.push_back(to_string(impl) + " " + std::string(to_string(pass)) +
-                                    " skipped for " + problem_label(s) + ": " + why);
+            report_.notes.push_back(to_string(impl) + " " + std::string(to_string(pass)) + " skipped for " +
+                                    problem_label(s) + ": " + why);
           }
         }
         total_ += static_cast<int>(p.passes.size());
@@ -187,8 +186,8 @@ class Runner {
       const Tensor dq = Tensor::zeros_like(dq_view), dk = Tensor::zeros_like(in.k), dv = Tensor::zeros_like(in.v);
       const Tensor dbias = s.bias_requires_grad ? Tensor::zeros_like(in.bias) : Tensor{};
       const Scratch bwd_ws(b.workspace_bytes(s, Pass::backward, t));
-      const BackwardArgs ba{s, in, out, lse, data.dout, dq, dk, dv,
-                            dbias.defined() ? dbias.view() : TensorView{}, bwd_ws.workspace(), t};
+      const BackwardArgs ba{
+          s, in, out, lse, data.dout, dq, dk, dv, dbias.defined() ? dbias.view() : TensorView{}, bwd_ws.workspace(), t};
       measure(s, impl, pass, pairs, b.workspace_bytes(s, pass, t), [&] { b.backward(ba); });
     }
   }
@@ -221,22 +220,27 @@ const Impl Impl::flash{"flash", ""};
 const Impl Impl::reference{"reference", ""};
 const Impl Impl::unfused{"unfused", ""};
 
-std::string to_string(const Impl& impl) { return impl.variant.empty() ? impl.backend : impl.backend + ":" + impl.variant; }
+std::string to_string(const Impl& impl) {
+  return impl.variant.empty() ? impl.backend : impl.backend + ":" + impl.variant;
+}
 
 Impl parse_impl(std::string_view text) {
   if (text == "unfused") return Impl::unfused;
   const auto colon = text.find(':');
-  Impl impl{std::string(text.substr(0, colon)), colon == std::string_view::npos ? "" : std::string(text.substr(colon + 1))};
+  Impl impl{std::string(text.substr(0, colon)),
+            colon == std::string_view::npos ? "" : std::string(text.substr(colon + 1))};
   const auto b = Registry::global().find(impl.backend);
   if (!b) {
     std::string names = "unfused";
     for (const auto& e : Registry::global().backends()) names += ", " + std::string(e.backend->name());
-    throw Error(ErrorCode::invalid_argument, "impl", std::string(text), "expected one of " + names + " (optionally name:variant)");
+    throw Error(ErrorCode::invalid_argument, "impl", std::string(text),
+                "expected one of " + names + " (optionally name:variant)");
   }
   if (!impl.variant.empty() && b->find_variant(impl.variant) < 0) {
     std::string names;
     for (const Variant& v : b->variants()) names += (names.empty() ? "" : ", ") + v.name;
-    throw Error(ErrorCode::invalid_argument, "impl", std::string(text), impl.backend + " has no such variant (" + names + ")");
+    throw Error(ErrorCode::invalid_argument, "impl", std::string(text),
+                impl.backend + " has no such variant (" + names + ")");
   }
   return impl;
 }

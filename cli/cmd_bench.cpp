@@ -115,7 +115,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd) {
   // the names against the registry, so a new backend needs no edit here.
   sub->add_option("--impls", cmd.impls,
                   "implementations: unfused, or registered backends as name or name:variant (e.g. flash:avx2)")
-      ->delimiter(',')->group(g)->capture_default_str();
+      ->delimiter(',')
+      ->group(g)
+      ->capture_default_str();
   sub->add_option("--passes", cmd.passes, "passes: forward,backward [forward only with --inference]")
       ->delimiter(',')->check(CLI::IsMember({"forward", "backward"}))->group(g)->capture_default_str();
   sub->add_flag("--force-reference", cmd.force_reference,

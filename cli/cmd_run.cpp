@@ -16,9 +16,9 @@
 #include "attend/select.h"
 #include "check.h"
 #include "commands.h"
-#include "runtime/flops.h"
 #include "flag_checks.h"
 #include "json_output.h"
+#include "runtime/flops.h"
 
 namespace attend_cli {
 

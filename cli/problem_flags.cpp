@@ -10,9 +10,9 @@
 
 #include "attend/error.h"
 #include "attend/registry.h"
-#include "runtime/checked.h"
 #include "flag_checks.h"
 #include "problem_data.h"
+#include "runtime/checked.h"
 
 namespace attend_cli {
 

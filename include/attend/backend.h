@@ -9,10 +9,10 @@
 
 #include <cstddef>
 #include <span>
-#include <type_traits>
-#include <utility>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "attend/device.h"
@@ -23,9 +23,24 @@ namespace attend {
 
 // Machine-readable category of an unmet requirement.
 enum class ReasonCode : std::uint8_t {
-  dtype, head_dim_qk, head_dim_v, head_dim_mismatch, layout, varlen, gqa, mask,
-  softcap, alibi, bias, bias_grad, dropout, deterministic, no_backward, seqlen,
-  memory, other,
+  dtype,
+  head_dim_qk,
+  head_dim_v,
+  head_dim_mismatch,
+  layout,
+  varlen,
+  gqa,
+  mask,
+  softcap,
+  alibi,
+  bias,
+  bias_grad,
+  dropout,
+  deterministic,
+  no_backward,
+  seqlen,
+  memory,
+  other,
   device,      // the tensors' device is not one the backend serves
   variant,     // the variant is unknown, unavailable here, or excluded by policy
   positions,   // q_offset / kv_offset (global positions of a partial problem)
@@ -86,8 +101,10 @@ class Support {
  private:
   template <class Message>
   static std::string text(Message&& m) {
-    if constexpr (std::is_invocable_v<Message>) return std::string(m());
-    else return std::string(std::forward<Message>(m));
+    if constexpr (std::is_invocable_v<Message>)
+      return std::string(m());
+    else
+      return std::string(std::forward<Message>(m));
   }
   std::uint32_t failed_ = 0;
   Detail detail_ = Detail::full;

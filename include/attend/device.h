@@ -28,7 +28,7 @@ struct Device {
 };
 
 std::string_view to_string(DeviceKind kind);
-std::string to_string(Device device);   // "cpu", "cuda:1"
+std::string to_string(Device device);  // "cpu", "cuda:1"
 // "cpu", "cuda", "cuda:N"; throws attend::Error naming `field` otherwise.
 Device parse_device(std::string_view text, const char* field = "device");
 

@@ -32,9 +32,9 @@ struct PlanOptions {
 
 // Per-call resources. All optional.
 struct RunOptions {
-  Workspace workspace{};            // at least workspace_bytes(pass); none: allocated for the call
-  Stream stream{};                  // passed to device backends
-  Allocator* allocator = nullptr;   // for a workspace allocated by the call; nullptr: host_allocator()
+  Workspace workspace{};           // at least workspace_bytes(pass); none: allocated for the call
+  Stream stream{};                 // passed to device backends
+  Allocator* allocator = nullptr;  // for a workspace allocated by the call; nullptr: host_allocator()
 };
 
 // The gradient tensors backward writes (or adds to, with spec.accumulate_grads).

@@ -27,7 +27,7 @@ struct Policy {
   // (decode has no bf16-GEMM families: it runs avx512 under avx512amx). Naming
   // a family this CPU lacks is an attend::Error at selection.
   std::optional<std::string> isa;
-  LogLevel log = LogLevel::off;       // info: each new (spec, mode) once; debug: every call
+  LogLevel log = LogLevel::off;  // info: each new (spec, mode) once; debug: every call
   // What set each field, for error messages ("ATTEND_BACKEND", "--backend",
   // "Policy::force"); from_env() and the CLI fill them, the default names the API.
   std::string force_source = "Policy::force";
@@ -50,7 +50,7 @@ void set_policy(Policy policy);
 // How one (backend, variant) fared for a problem.
 struct Verdict {
   std::string backend;
-  std::string variant;              // the backend's variant name ("default" if it has one)
+  std::string variant;  // the backend's variant name ("default" if it has one)
   int priority = 0;
   bool disabled = false;            // removed by policy.disabled
   bool not_forced = false;          // another backend (or variant) is forced

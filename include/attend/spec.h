@@ -92,7 +92,7 @@ struct AttentionSpec {
   // --- outputs / behaviour -----------------------------------------------------
   bool need_lse = true;         // write LSE (always kept internally for training)
   bool deterministic = false;   // backward must be bitwise identical across thread counts
-  bool accumulate_grads = false; // backward adds into dq/dk/dv (e.g. one ring step of many)
+  bool accumulate_grads = false;  // backward adds into dq/dk/dv (e.g. one ring step of many)
 
   // --- paged K/V (a KV cache; inference) ---------------------------------------
   // > 0: k and v are page pools shaped (pages, kv_page_size, heads_kv, dim), whatever

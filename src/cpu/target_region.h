@@ -33,9 +33,9 @@
 #define ATTEND_AVX512_WARNINGS_BEGIN()
 #define ATTEND_AVX512_WARNINGS_END()
 #else
-#define ATTEND_AVX512_WARNINGS_BEGIN()                                             \
-  ATTEND_PRAGMA(GCC diagnostic push)                                               \
-  ATTEND_PRAGMA(GCC diagnostic ignored "-Wmaybe-uninitialized")                    \
+#define ATTEND_AVX512_WARNINGS_BEGIN()                          \
+  ATTEND_PRAGMA(GCC diagnostic push)                            \
+  ATTEND_PRAGMA(GCC diagnostic ignored "-Wmaybe-uninitialized") \
   ATTEND_PRAGMA(GCC diagnostic ignored "-Wuninitialized")
 #define ATTEND_AVX512_WARNINGS_END() ATTEND_PRAGMA(GCC diagnostic pop)
 #endif

@@ -23,7 +23,7 @@ inline float bf16_bits_to_f32(std::uint16_t h) { return std::bit_cast<float>(sta
 inline std::uint16_t f32_to_bf16_bits(float f) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);  // quiet NaN
-  const std::uint32_t round = 0x7fffu + ((u >> 16) & 1u);  // ties to even
+  const std::uint32_t round = 0x7fffu + ((u >> 16) & 1u);                                       // ties to even
   return static_cast<std::uint16_t>((u + round) >> 16);
 }
 
@@ -67,7 +67,11 @@ struct bf16_t {
   // f64 -> f32 -> bf16: the first rounding can only decide a tie the second
   // would have broken (1 in 2^29 inputs); the reference accepts that.
   explicit bf16_t(double d) : bits(f32_to_bf16_bits(static_cast<float>(d))) {}
-  static bf16_t from_bits(std::uint16_t b) { bf16_t x; x.bits = b; return x; }
+  static bf16_t from_bits(std::uint16_t b) {
+    bf16_t x;
+    x.bits = b;
+    return x;
+  }
   operator float() const { return bf16_bits_to_f32(bits); }  // NOLINT: exact widening
 };
 
@@ -76,7 +80,11 @@ struct f16_t {
   f16_t() = default;
   explicit f16_t(float f) : bits(f32_to_f16_bits(f)) {}
   explicit f16_t(double d) : bits(f32_to_f16_bits(static_cast<float>(d))) {}
-  static f16_t from_bits(std::uint16_t b) { f16_t x; x.bits = b; return x; }
+  static f16_t from_bits(std::uint16_t b) {
+    f16_t x;
+    x.bits = b;
+    return x;
+  }
   operator float() const { return f16_bits_to_f32(bits); }  // NOLINT: exact widening
 };
 

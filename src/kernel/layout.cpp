@@ -68,8 +68,7 @@ PageTable page_table(const AttentionSpec& spec, const Inputs& in) {
 TokenStrides pool_strides(const TensorView& pool) { return {pool.strides[0], pool.strides[1], pool.strides[2]}; }
 
 BiasStrides bias_strides(const TensorView& bias) {
-  return {bias.shape[0] == 1 ? 0 : bias.strides[0], bias.shape[1] == 1 ? 0 : bias.strides[1],
-          bias.strides[2]};
+  return {bias.shape[0] == 1 ? 0 : bias.strides[0], bias.shape[1] == 1 ? 0 : bias.strides[1], bias.strides[2]};
 }
 
 double alibi_slope(const AttentionSpec& spec, const Inputs& in, std::int64_t b, std::int64_t h) {

@@ -81,9 +81,7 @@ TokenStrides pool_strides(const TensorView& pool);
 // Strides of the bias (or dbias) tensor (Bb, Hb, Sq, Sk); a broadcast dim has stride 0.
 struct BiasStrides {
   std::int64_t b = 0, h = 0, i = 0;
-  std::int64_t offset(std::int64_t b_, std::int64_t h_, std::int64_t i_) const {
-    return b_ * b + h_ * h + i_ * i;
-  }
+  std::int64_t offset(std::int64_t b_, std::int64_t h_, std::int64_t i_) const { return b_ * b + h_ * h + i_ * i; }
 };
 BiasStrides bias_strides(const TensorView& bias);
 

@@ -11,8 +11,7 @@
 
 namespace attend::detail {
 
-inline std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> ctr,
-                                               std::array<std::uint32_t, 2> key) {
+inline std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> ctr, std::array<std::uint32_t, 2> key) {
   constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
@@ -37,10 +36,9 @@ struct DropoutMask {
     return {seed, t >= 4294967296.0 ? (std::uint64_t{1} << 32) : static_cast<std::uint64_t>(t)};
   }
 
-  std::array<std::uint32_t, 4> words(std::int64_t b, std::int64_t h, std::int64_t row,
-                                     std::int64_t col4) const {
-    return philox4x32({static_cast<std::uint32_t>(col4), static_cast<std::uint32_t>(row),
-                       static_cast<std::uint32_t>(h), static_cast<std::uint32_t>(b)},
+  std::array<std::uint32_t, 4> words(std::int64_t b, std::int64_t h, std::int64_t row, std::int64_t col4) const {
+    return philox4x32({static_cast<std::uint32_t>(col4), static_cast<std::uint32_t>(row), static_cast<std::uint32_t>(h),
+                       static_cast<std::uint32_t>(b)},
                       {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
   }
 

@@ -41,7 +41,8 @@ Tensor allocate(const AttentionSpec& s, Role role, std::span<const std::int64_t>
                 Allocator* allocator) {
   Allocator& a = allocator ? *allocator : host_allocator();
   Tensor t = Tensor::empty(expected_dtype(s, role), dims, device, a);
-  if (s.varlen() && device.is_host()) std::memset(t.data(), 0, static_cast<std::size_t>(t.numel()) * size_of(t.view().dtype));
+  if (s.varlen() && device.is_host())
+    std::memset(t.data(), 0, static_cast<std::size_t>(t.numel()) * size_of(t.view().dtype));
   return t;
 }
 
@@ -51,8 +52,7 @@ Tensor allocate(const AttentionSpec& s, Role role, Device device, Allocator* all
 }
 
 // Gradients of k/v (paged pools included) and bias have their inputs' shapes.
-Tensor allocate_like(const AttentionSpec& s, Role role, const TensorView& input, Device device,
-                     Allocator* allocator) {
+Tensor allocate_like(const AttentionSpec& s, Role role, const TensorView& input, Device device, Allocator* allocator) {
   return allocate(s, role, std::span<const std::int64_t>(input.shape.data(), static_cast<std::size_t>(input.ndim)),
                   device, allocator);
 }
@@ -126,7 +126,8 @@ Gradients backward(const Context& ctx, const TensorView& dout, const CallOptions
   if (ctx.mode() != Mode::training) {
     throw Error(ErrorCode::bad_state, "context.mode", "inference",
                 "backward needs a context from Mode::training: an inference selection never checked "
-                "that backend '" + std::string(ctx.backend().name()) + "' has a backward for this problem");
+                "that backend '" +
+                    std::string(ctx.backend().name()) + "' has a backward for this problem");
   }
   // Always the plan forward ran on.
   return run_backward(ctx.plan(), ContextAccess::inputs(ctx), ContextAccess::out(ctx), ContextAccess::lse(ctx), dout,

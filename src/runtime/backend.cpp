@@ -124,7 +124,9 @@ ScopedWorkspace::ScopedWorkspace(std::size_t need, const Workspace& given, Alloc
     }
   } else if (given.bytes < need) {
     throw Error(ErrorCode::invalid_argument, "workspace.bytes", std::to_string(given.bytes),
-                std::string(backend) + " " + std::string(to_string(pass)) + " needs " + std::to_string(need) + " bytes of workspace", std::to_string(need));
+                std::string(backend) + " " + std::string(to_string(pass)) + " needs " + std::to_string(need) +
+                    " bytes of workspace",
+                std::to_string(need));
   }
 }
 

@@ -19,8 +19,8 @@ void require_support(const Backend& backend, const AttentionSpec& spec, Pass pas
 // allocates its own (from `allocator`, default host) for its duration.
 class ScopedWorkspace {
  public:
-  ScopedWorkspace(std::size_t need, const Workspace& given, Allocator* allocator, Device device, std::string_view backend,
-                  Pass pass);
+  ScopedWorkspace(std::size_t need, const Workspace& given, Allocator* allocator, Device device,
+                  std::string_view backend, Pass pass);
   ~ScopedWorkspace();
   ScopedWorkspace(const ScopedWorkspace&) = delete;
   ScopedWorkspace& operator=(const ScopedWorkspace&) = delete;

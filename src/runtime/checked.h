@@ -36,8 +36,7 @@ inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return a / b + (a
 inline std::size_t checked_bytes(std::int64_t count, std::size_t elem_size, std::string_view what) {
   std::size_t r = 0;
   if (count < 0 || __builtin_mul_overflow(static_cast<std::size_t>(count), elem_size, &r)) {
-    throw Error(ErrorCode::overflow, std::string(what), std::to_string(count),
-                "byte size overflows size_t");
+    throw Error(ErrorCode::overflow, std::string(what), std::to_string(count), "byte size overflows size_t");
   }
   return r;
 }

@@ -33,9 +33,9 @@ class HostAllocator final : public Allocator {
  public:
   void* allocate(std::size_t bytes, Device device) override {
     require_host(device);
-    return ::operator new(bytes, std::align_val_t{64});
+    return ::operator new (bytes, std::align_val_t{64});
   }
-  void deallocate(void* ptr, std::size_t, Device) noexcept override { ::operator delete(ptr, std::align_val_t{64}); }
+  void deallocate(void* ptr, std::size_t, Device) noexcept override { ::operator delete (ptr, std::align_val_t{64}); }
 
  private:
   static void require_host(Device device) {

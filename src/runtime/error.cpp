@@ -16,8 +16,8 @@ std::string_view to_string(ErrorCode code) {
 }
 
 namespace {
-std::string compose(ErrorCode code, const std::string& field, const std::string& value,
-                    const std::string& detail, const std::string& limit) {
+std::string compose(ErrorCode code, const std::string& field, const std::string& value, const std::string& detail,
+                    const std::string& limit) {
   std::string s = "attend [" + std::string(to_string(code)) + "] ";
   if (!field.empty()) {
     s += field;
@@ -30,8 +30,7 @@ std::string compose(ErrorCode code, const std::string& field, const std::string&
 }
 }  // namespace
 
-Error::Error(ErrorCode code, std::string field, std::string value, std::string detail,
-             std::string limit)
+Error::Error(ErrorCode code, std::string field, std::string value, std::string detail, std::string limit)
     : std::runtime_error(compose(code, field, value, detail, limit)),
       code_(code),
       field_(std::move(field)),

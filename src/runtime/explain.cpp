@@ -89,7 +89,8 @@ std::string Selection::explain() const {
     bool printed_notes = false;
     const auto details = [&](const char* pass, const Support& s) {
       for (const Reason& r : s.reasons) {
-        out += std::string(name_w, ' ') + "- " + pass + ": " + r.message + " [" + std::string(to_string(r.code)) + "]\n";
+        out +=
+            std::string(name_w, ' ') + "- " + pass + ": " + r.message + " [" + std::string(to_string(r.code)) + "]\n";
       }
       if (!s.ok()) return;
       // Notes say how a pass will run: once per backend (its first variant this
@@ -108,11 +109,12 @@ std::string Selection::explain() const {
 }
 
 std::string Selection::to_json() const {
-  std::string out = "{\"problem\": \"" + json_escape(spec_summary) + "\", \"mode\": \"" +
-                    std::string(to_string(mode)) + "\", \"device\": \"" + to_string(device) +
-                    "\", \"selected\": " + (backend ? "\"" + json_escape(backend->name()) + "\"" : std::string("null")) +
-                    ", \"selected_variant\": " +
-                    (backend ? "\"" + json_escape(variant_name()) + "\"" : std::string("null")) + ", \"backends\": [";
+  std::string out =
+      "{\"problem\": \"" + json_escape(spec_summary) + "\", \"mode\": \"" + std::string(to_string(mode)) +
+      "\", \"device\": \"" + to_string(device) +
+      "\", \"selected\": " + (backend ? "\"" + json_escape(backend->name()) + "\"" : std::string("null")) +
+      ", \"selected_variant\": " + (backend ? "\"" + json_escape(variant_name()) + "\"" : std::string("null")) +
+      ", \"backends\": [";
   for (std::size_t i = 0; i < verdicts.size(); ++i) {
     const Verdict& v = verdicts[i];
     out += (i ? ", " : "") + std::string("{\"name\": \"") + json_escape(v.backend) + "\", \"variant\": \"" +

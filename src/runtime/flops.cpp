@@ -4,9 +4,9 @@
 #include <string>
 
 #include "attend/error.h"
-#include "runtime/checked.h"
 #include "kernel/layout.h"
 #include "kernel/semantics.h"
+#include "runtime/checked.h"
 
 namespace attend::detail {
 
@@ -41,9 +41,8 @@ std::int64_t visible_pairs(const AttentionSpec& spec, const Inputs& in) {
   }
   const auto* cq = in.cu_seqlens_q.as<const std::int32_t>();
   const auto* ck = in.cu_seqlens_kv.as<const std::int32_t>();
-  if (cq == nullptr || ck == nullptr || in.cu_seqlens_q.dtype != DType::i32 ||
-      in.cu_seqlens_kv.dtype != DType::i32 || in.cu_seqlens_q.numel() < spec.batch + 1 ||
-      in.cu_seqlens_kv.numel() < spec.batch + 1) {
+  if (cq == nullptr || ck == nullptr || in.cu_seqlens_q.dtype != DType::i32 || in.cu_seqlens_kv.dtype != DType::i32 ||
+      in.cu_seqlens_q.numel() < spec.batch + 1 || in.cu_seqlens_kv.numel() < spec.batch + 1) {
     throw Error(ErrorCode::invalid_argument, "cu_seqlens", "missing",
                 "varlen FLOP counts need i32 cu_seqlens_q and cu_seqlens_kv of batch+1 entries");
   }
@@ -51,8 +50,7 @@ std::int64_t visible_pairs(const AttentionSpec& spec, const Inputs& in) {
   for (std::int64_t b = 0; b < spec.batch; ++b) {
     const std::int64_t sq = std::int64_t{cq[b + 1]} - cq[b];
     const std::int64_t sk = std::int64_t{ck[b + 1]} - ck[b];
-    total = checked_add(total, visible_pairs(spec, std::max<std::int64_t>(sq, 0),
-                                             std::max<std::int64_t>(sk, 0)),
+    total = checked_add(total, visible_pairs(spec, std::max<std::int64_t>(sq, 0), std::max<std::int64_t>(sk, 0)),
                         "visible pairs");
   }
   return total;

@@ -30,16 +30,19 @@ void check_tensor(const char* name, const TensorView& t, DType dtype, std::initi
   }
   bool ok = t.ndim == static_cast<int>(shape.size());
   for (int d = 0; ok && d < t.ndim; ++d) ok = t.shape[d] == shape.begin()[d];
-  if (!ok) throw Error(ErrorCode::shape_mismatch, std::string(name) + ".shape", t.shape_string(), "expected " + dims(shape));
+  if (!ok)
+    throw Error(ErrorCode::shape_mismatch, std::string(name) + ".shape", t.shape_string(), "expected " + dims(shape));
   std::int64_t extent = 0;
   for (int d = 0; d < t.ndim; ++d) {
-    if (t.strides[d] < 0) invalid(std::string(name) + ".strides", std::to_string(t.strides[d]), "strides must be non-negative");
+    if (t.strides[d] < 0)
+      invalid(std::string(name) + ".strides", std::to_string(t.strides[d]), "strides must be non-negative");
     if (t.shape[d] == 0) return;  // empty: nothing will be read
     extent = detail::checked_add(extent, detail::checked_mul(t.shape[d] - 1, t.strides[d], name), name);
   }
   (void)detail::checked_bytes(detail::checked_add(extent, 1, name), size_of(dtype), name);
   if (t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1) {
-    invalid(std::string(name) + ".strides", std::to_string(t.strides[t.ndim - 1]), "the last dimension must be contiguous");
+    invalid(std::string(name) + ".strides", std::to_string(t.strides[t.ndim - 1]),
+            "the last dimension must be contiguous");
   }
   if (t.data == nullptr) invalid(std::string(name) + ".data", "null", "null pointer for a non-empty tensor");
 }
@@ -59,10 +62,13 @@ KVCache::KVCache(const KVCacheConfig& c) : config_(c) {
   if ((c.page_size & (c.page_size - 1)) != 0) {
     invalid("KVCacheConfig.page_size", std::to_string(c.page_size), "must be a power of two");
   }
-  if (c.dtype == DType::i32) invalid("KVCacheConfig.dtype", "i32", "K/V pages must be floating point (f32, bf16, f16, f64)");
-  if (c.num_pages < 0) invalid("KVCacheConfig.num_pages", std::to_string(c.num_pages), "must be >= 0 (0: enough for every sequence)");
+  if (c.dtype == DType::i32)
+    invalid("KVCacheConfig.dtype", "i32", "K/V pages must be floating point (f32, bf16, f16, f64)");
+  if (c.num_pages < 0)
+    invalid("KVCacheConfig.num_pages", std::to_string(c.num_pages), "must be >= 0 (0: enough for every sequence)");
   pages_per_seq_ = detail::ceil_div(c.max_seqlen, c.page_size);
-  if (config_.num_pages == 0) config_.num_pages = detail::checked_mul(c.batch, pages_per_seq_, "KVCacheConfig.num_pages");
+  if (config_.num_pages == 0)
+    config_.num_pages = detail::checked_mul(c.batch, pages_per_seq_, "KVCacheConfig.num_pages");
   constexpr std::int64_t kMaxId = std::numeric_limits<std::int32_t>::max();
   if (config_.num_pages > kMaxId || pages_per_seq_ * c.page_size > kMaxId) {
     invalid("KVCacheConfig.num_pages", std::to_string(config_.num_pages), "page ids and token counts must fit in int32",
@@ -110,7 +116,8 @@ void KVCache::write_tokens(std::int64_t seq, const std::byte* k, std::int64_t ks
   // Pool strides of the contiguous page tensors; everything below in bytes.
   const auto esz = static_cast<std::int64_t>(size_of(c.dtype));
   const std::int64_t krow = c.heads_kv * c.head_dim_qk, vrow = c.heads_kv * c.head_dim_v;
-  const auto kbytes = static_cast<std::size_t>(c.head_dim_qk * esz), vbytes = static_cast<std::size_t>(c.head_dim_v * esz);
+  const auto kbytes = static_cast<std::size_t>(c.head_dim_qk * esz),
+             vbytes = static_cast<std::size_t>(c.head_dim_v * esz);
   for (std::int64_t t = 0; t < n; ++t, ++len) {
     const std::int64_t slot = len / c.page_size;
     if (slot == static_cast<std::int64_t>(pages.size())) {
@@ -134,7 +141,8 @@ void KVCache::append(const TensorView& k, const TensorView& v, std::span<const s
   check_tensor("k", k, c.dtype, {c.batch, s_new, c.heads_kv, c.head_dim_qk});
   check_tensor("v", v, c.dtype, {c.batch, s_new, c.heads_kv, c.head_dim_v});
   if (!counts.empty() && static_cast<std::int64_t>(counts.size()) != c.batch) {
-    invalid("counts", std::to_string(counts.size()) + " entries", "needs one count per sequence", std::to_string(c.batch));
+    invalid("counts", std::to_string(counts.size()) + " entries", "needs one count per sequence",
+            std::to_string(c.batch));
   }
   // Check everything before writing anything: a failed append changes nothing.
   std::int64_t need_pages = 0;
@@ -149,11 +157,14 @@ void KVCache::append(const TensorView& k, const TensorView& v, std::span<const s
                   std::to_string(capacity()) + " tokens",
               std::to_string(capacity() - len));
     }
-    need_pages += detail::ceil_div(len + n, c.page_size) - static_cast<std::int64_t>(pages_[static_cast<std::size_t>(b)].size());
+    need_pages +=
+        detail::ceil_div(len + n, c.page_size) - static_cast<std::int64_t>(pages_[static_cast<std::size_t>(b)].size());
   }
   if (need_pages > free_pages()) {
-    invalid("k", k.shape_string(), "append needs " + std::to_string(need_pages) + " new pages, the pool has " +
-                                       std::to_string(free_pages()) + " free", std::to_string(free_pages()));
+    invalid("k", k.shape_string(),
+            "append needs " + std::to_string(need_pages) + " new pages, the pool has " + std::to_string(free_pages()) +
+                " free",
+            std::to_string(free_pages()));
   }
   for (std::int64_t b = 0; b < c.batch; ++b) {
     const std::int64_t n = counts.empty() ? s_new : counts[static_cast<std::size_t>(b)];
@@ -176,10 +187,13 @@ void KVCache::append(std::int64_t seq, const TensorView& k, const TensorView& v)
                 std::to_string(capacity()) + " tokens",
             std::to_string(capacity() - len));
   }
-  const std::int64_t need = detail::ceil_div(len + n, c.page_size) - static_cast<std::int64_t>(pages_[static_cast<std::size_t>(seq)].size());
+  const std::int64_t need =
+      detail::ceil_div(len + n, c.page_size) - static_cast<std::int64_t>(pages_[static_cast<std::size_t>(seq)].size());
   if (need > free_pages()) {
-    invalid("k.shape[0]", std::to_string(n), "append needs " + std::to_string(need) + " new pages, the pool has " +
-                                                 std::to_string(free_pages()) + " free", std::to_string(free_pages()));
+    invalid(
+        "k.shape[0]", std::to_string(n),
+        "append needs " + std::to_string(need) + " new pages, the pool has " + std::to_string(free_pages()) + " free",
+        std::to_string(free_pages()));
   }
   write_tokens(seq, static_cast<const std::byte*>(k.data), k.strides[0], k.strides[1],
                static_cast<const std::byte*>(v.data), v.strides[0], v.strides[1], n);
@@ -208,7 +222,8 @@ KVCacheProblem kvcache_problem(const TensorView& q, const KVCache& cache, const 
                                const TensorView& alibi_slopes) {
   if (spec.varlen()) invalid("layout", "thd", "queries over a KV cache must be dense: bshd, bhsd or sbhd");
   if (spec.has_bias) invalid("has_bias", "true", "forward_with_kvcache takes no bias");
-  if (q.ndim != 4) throw Error(ErrorCode::shape_mismatch, "q.shape", q.shape_string(), "expected 4 dims in the spec's layout");
+  if (q.ndim != 4)
+    throw Error(ErrorCode::shape_mismatch, "q.shape", q.shape_string(), "expected 4 dims in the spec's layout");
   const KVCacheConfig& c = cache.config();
   KVCacheProblem p;
   AttentionSpec& s = p.spec;

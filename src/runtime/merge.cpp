@@ -23,7 +23,8 @@ void check_tensor(const std::string& name, const TensorView& t, const Shape& wan
   if (any_float) {
     require(t.dtype != DType::i32, name + ".dtype", std::string(to_string(t.dtype)), "expected a floating dtype");
   } else {
-    require(t.dtype == dtype, name + ".dtype", std::string(to_string(t.dtype)), "expected " + std::string(to_string(dtype)));
+    require(t.dtype == dtype, name + ".dtype", std::string(to_string(t.dtype)),
+            "expected " + std::string(to_string(dtype)));
   }
   bool same = t.ndim == want.ndim;
   for (int d = 0; same && d < want.ndim; ++d) same = t.shape[d] == want.dims[d];

@@ -69,10 +69,14 @@ Policy Policy::from_env() {
   if (const char* isa = std::getenv("ATTEND_ISA"); isa && *isa) p.isa = isa;
   if (const char* log = std::getenv("ATTEND_LOG"); log && *log) {
     const std::string_view v(log);
-    if (v == "info") p.log = LogLevel::info;
-    else if (v == "debug") p.log = LogLevel::debug;
-    else if (v == "off" || v == "0") p.log = LogLevel::off;
-    else throw Error(ErrorCode::invalid_argument, "ATTEND_LOG", std::string(v), "expected off, info or debug");
+    if (v == "info")
+      p.log = LogLevel::info;
+    else if (v == "debug")
+      p.log = LogLevel::debug;
+    else if (v == "off" || v == "0")
+      p.log = LogLevel::off;
+    else
+      throw Error(ErrorCode::invalid_argument, "ATTEND_LOG", std::string(v), "expected off, info or debug");
   }
   return p;
 }

@@ -56,7 +56,8 @@ std::shared_ptr<Selection> evaluate_all(const AttentionSpec& spec, Mode mode, co
       v.variant = var.name;
       v.priority = e.priority;
       v.disabled = disabled;
-      v.not_forced = policy.force && (forced.backend != name || (!forced.variant.empty() && forced.variant != var.name));
+      v.not_forced =
+          policy.force && (forced.backend != name || (!forced.variant.empty() && forced.variant != var.name));
       if (!var.unavailable.empty()) {
         v.variant_excluded = var.unavailable;
       } else if (var.isa_level > cap) {
@@ -111,11 +112,16 @@ std::uint64_t word(const AttentionSpec& s, const SpecField& f) {
       [&](auto member) -> std::uint64_t {
         const auto& v = s.*member;
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, double>) return std::bit_cast<std::uint64_t>(v);
-        else if constexpr (std::is_same_v<T, std::optional<double>>) return v ? std::bit_cast<std::uint64_t>(*v) : 0x7ff8dead0000beefull;
-        else if constexpr (std::is_same_v<T, std::optional<DType>>) return v ? static_cast<std::uint64_t>(*v) + 1 : 0;
+        if constexpr (std::is_same_v<T, double>)
+          return std::bit_cast<std::uint64_t>(v);
+        else if constexpr (std::is_same_v<T, std::optional<double>>)
+          return v ? std::bit_cast<std::uint64_t>(*v) : 0x7ff8dead0000beefull;
+        else if constexpr (std::is_same_v<T, std::optional<DType>>)
+          return v ? static_cast<std::uint64_t>(*v) + 1 : 0;
         else if constexpr (std::is_same_v<T, std::int64_t>) {
-          if (f.key == KeyUse::bucket) return v <= 0 ? static_cast<std::uint64_t>(v) : std::bit_width(static_cast<std::uint64_t>(v - 1)) + (std::uint64_t{1} << 62);
+          if (f.key == KeyUse::bucket)
+            return v <= 0 ? static_cast<std::uint64_t>(v)
+                          : std::bit_width(static_cast<std::uint64_t>(v - 1)) + (std::uint64_t{1} << 62);
           return static_cast<std::uint64_t>(v);
         } else {
           return static_cast<std::uint64_t>(v);

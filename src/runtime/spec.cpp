@@ -26,10 +26,8 @@ std::string num(double v) {
   return os.str();
 }
 
-[[noreturn]] void invalid(std::string field, std::string value, std::string detail,
-                          std::string limit = {}) {
-  throw Error(ErrorCode::invalid_argument, std::move(field), std::move(value), std::move(detail),
-              std::move(limit));
+[[noreturn]] void invalid(std::string field, std::string value, std::string detail, std::string limit = {}) {
+  throw Error(ErrorCode::invalid_argument, std::move(field), std::move(value), std::move(detail), std::move(limit));
 }
 
 void require_at_least(std::int64_t value, std::int64_t minimum, const char* field) {
@@ -78,8 +76,10 @@ void validate(const AttentionSpec& s) {
   require_at_least(s.kv_offset, 0, "kv_offset");
   // Positions stay far from int64's edge, so masks can subtract them freely.
   constexpr std::int64_t kMaxOffset = std::int64_t{1} << 40;
-  if (s.q_offset > kMaxOffset) invalid("q_offset", std::to_string(s.q_offset), "must be at most 2^40", std::to_string(kMaxOffset));
-  if (s.kv_offset > kMaxOffset) invalid("kv_offset", std::to_string(s.kv_offset), "must be at most 2^40", std::to_string(kMaxOffset));
+  if (s.q_offset > kMaxOffset)
+    invalid("q_offset", std::to_string(s.q_offset), "must be at most 2^40", std::to_string(kMaxOffset));
+  if (s.kv_offset > kMaxOffset)
+    invalid("kv_offset", std::to_string(s.kv_offset), "must be at most 2^40", std::to_string(kMaxOffset));
   if (s.varlen()) {
     require_at_least(s.total_q, 0, "total_q");
     require_at_least(s.total_kv, 0, "total_kv");
@@ -111,8 +111,7 @@ void validate(const AttentionSpec& s) {
 
   // Every tensor the spec implies must have a representable byte size.
   const std::int64_t rows_q = s.varlen() ? s.total_q : detail::checked_mul(s.batch, s.seqlen_q, "q rows");
-  const std::int64_t rows_kv =
-      s.varlen() ? s.total_kv : detail::checked_mul(s.batch, s.seqlen_kv, "kv rows");
+  const std::int64_t rows_kv = s.varlen() ? s.total_kv : detail::checked_mul(s.batch, s.seqlen_kv, "kv rows");
   check_bytes({rows_q, s.heads_q, s.head_dim_qk}, s.dtype, "q bytes");
   check_bytes({rows_q, s.heads_q, s.head_dim_v}, s.dtype, "out bytes");
   check_bytes({rows_kv, s.heads_kv, s.head_dim_qk}, s.dtype, "k bytes");
@@ -138,9 +137,8 @@ std::string signature(const AttentionSpec& s) {
 
 std::string describe(const AttentionSpec& s) {
   std::ostringstream os;
-  os << "B=" << s.batch << " Sq=" << s.seqlen_q << " Sk=" << s.seqlen_kv << " H=" << s.heads_q
-     << '/' << s.heads_kv << " D=" << s.head_dim_qk << '/' << s.head_dim_v << ' '
-     << to_string(s.dtype) << ' ' << to_string(s.layout);
+  os << "B=" << s.batch << " Sq=" << s.seqlen_q << " Sk=" << s.seqlen_kv << " H=" << s.heads_q << '/' << s.heads_kv
+     << " D=" << s.head_dim_qk << '/' << s.head_dim_v << ' ' << to_string(s.dtype) << ' ' << to_string(s.layout);
   if (s.varlen()) os << " varlen(total " << s.total_q << '/' << s.total_kv << ')';
   if (s.causal) os << " causal";
   if (s.window_left >= 0 || (!s.causal && s.window_right >= 0)) {

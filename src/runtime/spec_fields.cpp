@@ -101,12 +101,18 @@ std::string get_field(const AttentionSpec& spec, const SpecField& field) {
       [&](auto member) -> std::string {
         const auto& v = spec.*member;
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
-        else if constexpr (std::is_same_v<T, double>) return real(v);
-        else if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout>) return std::string(to_string(v));
-        else if constexpr (std::is_same_v<T, std::optional<double>>) return v ? real(*v) : "";
-        else if constexpr (std::is_same_v<T, std::optional<DType>>) return v ? std::string(to_string(*v)) : "";
-        else return std::to_string(v);
+        if constexpr (std::is_same_v<T, bool>)
+          return v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>)
+          return real(v);
+        else if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout>)
+          return std::string(to_string(v));
+        else if constexpr (std::is_same_v<T, std::optional<double>>)
+          return v ? real(*v) : "";
+        else if constexpr (std::is_same_v<T, std::optional<DType>>)
+          return v ? std::string(to_string(*v)) : "";
+        else
+          return std::to_string(v);
       },
       field.member);
 }
@@ -116,9 +122,12 @@ void set_field(AttentionSpec& spec, const SpecField& field, std::string_view tex
       [&](auto member) {
         auto& v = spec.*member;
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, bool>) v = parse_bool(field, text);
-        else if constexpr (std::is_same_v<T, double>) v = parse_number<double>(field, text);
-        else if constexpr (std::is_same_v<T, DType>) v = parse_dtype(text, field.name);
+        if constexpr (std::is_same_v<T, bool>)
+          v = parse_bool(field, text);
+        else if constexpr (std::is_same_v<T, double>)
+          v = parse_number<double>(field, text);
+        else if constexpr (std::is_same_v<T, DType>)
+          v = parse_dtype(text, field.name);
         else if constexpr (std::is_same_v<T, Layout>) {
           try {
             v = parse_layout(text);
@@ -145,9 +154,12 @@ std::string spec_to_json(const AttentionSpec& spec) {
     const bool quoted = std::holds_alternative<DType AttentionSpec::*>(f.member) ||
                         std::holds_alternative<Layout AttentionSpec::*>(f.member) ||
                         std::holds_alternative<std::optional<DType> AttentionSpec::*>(f.member);
-    if (v.empty()) out += "null";
-    else if (quoted) out += "\"" + v + "\"";
-    else out += v;
+    if (v.empty())
+      out += "null";
+    else if (quoted)
+      out += "\"" + v + "\"";
+    else
+      out += v;
   }
   return out + "}";
 }

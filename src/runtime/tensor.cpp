@@ -35,8 +35,8 @@ std::int64_t TensorView::numel() const {
 
 TensorView TensorView::contiguous(void* data, DType dtype, std::span<const std::int64_t> shape) {
   if (shape.size() > static_cast<std::size_t>(kMaxDims)) {
-    throw Error(ErrorCode::invalid_argument, "ndim", std::to_string(shape.size()),
-                "too many dimensions", std::to_string(kMaxDims));
+    throw Error(ErrorCode::invalid_argument, "ndim", std::to_string(shape.size()), "too many dimensions",
+                std::to_string(kMaxDims));
   }
   TensorView v;
   v.data = data;
@@ -74,8 +74,7 @@ Tensor Tensor::allocate(TensorView view) {
     // Value-initialised: zeros, so padding rows and empty sequences read as 0.
     storage = std::shared_ptr<std::byte[]>(new std::byte[bytes == 0 ? 1 : bytes]());
   } catch (const std::bad_alloc&) {
-    throw Error(ErrorCode::out_of_memory, "tensor bytes", std::to_string(bytes),
-                "allocation failed");
+    throw Error(ErrorCode::out_of_memory, "tensor bytes", std::to_string(bytes), "allocation failed");
   }
   view.data = storage.get();
   Tensor t;
@@ -106,16 +105,17 @@ Tensor Tensor::empty(DType dtype, std::span<const std::int64_t> shape, Device de
   try {
     p = allocator.allocate(bytes == 0 ? 1 : bytes, device);
   } catch (const std::bad_alloc&) {
-    throw Error(ErrorCode::out_of_memory, "tensor bytes", std::to_string(bytes), "allocation failed on " + to_string(device));
+    throw Error(ErrorCode::out_of_memory, "tensor bytes", std::to_string(bytes),
+                "allocation failed on " + to_string(device));
   }
   if (p == nullptr) {
-    throw Error(ErrorCode::out_of_memory, "tensor bytes", std::to_string(bytes), "allocator returned null on " + to_string(device));
+    throw Error(ErrorCode::out_of_memory, "tensor bytes", std::to_string(bytes),
+                "allocator returned null on " + to_string(device));
   }
   view.data = p;
   Tensor t;
-  t.storage_ = std::shared_ptr<void>(p, [&allocator, bytes, device](void* q) {
-    allocator.deallocate(q, bytes == 0 ? 1 : bytes, device);
-  });
+  t.storage_ = std::shared_ptr<void>(
+      p, [&allocator, bytes, device](void* q) { allocator.deallocate(q, bytes == 0 ? 1 : bytes, device); });
   t.view_ = view;
   return t;
 }

@@ -34,8 +34,8 @@ void check_view(const char* name, const TensorView& t, DType dtype, const Dims& 
                 "all tensors of a call must be on one device (q is on " + to_string(device) + ")");
   }
   if (t.dtype != dtype) {
-    throw Error(ErrorCode::invalid_argument, std::string(name) + ".dtype",
-                std::string(to_string(t.dtype)), "expected " + std::string(to_string(dtype)));
+    throw Error(ErrorCode::invalid_argument, std::string(name) + ".dtype", std::string(to_string(t.dtype)),
+                "expected " + std::string(to_string(dtype)));
   }
   if (t.ndim != static_cast<int>(shape.size())) {
     throw Error(ErrorCode::shape_mismatch, std::string(name) + ".shape", t.shape_string(),
@@ -54,8 +54,8 @@ void check_view(const char* name, const TensorView& t, DType dtype, const Dims& 
                   std::to_string(t.strides[d]), "strides must be non-negative");
     }
     if (t.shape[d] == 0) empty = true;
-    extent = detail::checked_add(extent, detail::checked_mul(t.shape[d] - (t.shape[d] > 0 ? 1 : 0),
-                                                             t.strides[d], name), name);
+    extent = detail::checked_add(extent, detail::checked_mul(t.shape[d] - (t.shape[d] > 0 ? 1 : 0), t.strides[d], name),
+                                 name);
   }
   if (t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1) {
     throw Error(ErrorCode::invalid_argument, std::string(name) + ".strides[" + std::to_string(t.ndim - 1) + "]",
@@ -73,8 +73,7 @@ Device device_of(const Inputs& in) { return in.q.device; }
 
 void check_absent(const char* name, const TensorView& t, const char* flag) {
   if (t.defined()) {
-    throw Error(ErrorCode::invalid_argument, name, t.shape_string(),
-                std::string("given but spec.") + flag + " is off");
+    throw Error(ErrorCode::invalid_argument, name, t.shape_string(), std::string("given but spec.") + flag + " is off");
   }
 }
 
@@ -146,9 +145,10 @@ void check_paged_contents(const AttentionSpec& s, const Inputs& in) {
                   "must lie in [0, cache_seqlens[b]]", std::to_string(end));
     }
     if (end - begin > s.seqlen_kv) {
-      throw Error(ErrorCode::invalid_argument, field("cache_seqlens", b), std::to_string(end),
-                  "sequence " + std::to_string(b) + " has " + std::to_string(end - begin) + " keys, above spec.seqlen_kv",
-                  std::to_string(s.seqlen_kv));
+      throw Error(
+          ErrorCode::invalid_argument, field("cache_seqlens", b), std::to_string(end),
+          "sequence " + std::to_string(b) + " has " + std::to_string(end - begin) + " keys, above spec.seqlen_kv",
+          std::to_string(s.seqlen_kv));
     }
     // ceil_div: end + ps - 1 overflowed for a page size near INT64_MAX (found by fuzz_spec).
     for (std::int64_t pg = begin / ps; pg < detail::ceil_div(end, ps); ++pg) {

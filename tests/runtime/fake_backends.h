@@ -38,8 +38,8 @@ class ForwardOnlyMismatchBackend final : public Backend {
                   "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the forward limit 512");
     } else {
       sup.require(s.head_dim_qk == s.head_dim_v, ReasonCode::head_dim_mismatch,
-                  "backward needs head_dim_qk == head_dim_v, got " + std::to_string(s.head_dim_qk) +
-                      "/" + std::to_string(s.head_dim_v));
+                  "backward needs head_dim_qk == head_dim_v, got " + std::to_string(s.head_dim_qk) + "/" +
+                      std::to_string(s.head_dim_v));
       sup.require(s.head_dim_v <= 256, ReasonCode::head_dim_v,
                   "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the backward limit 256");
     }

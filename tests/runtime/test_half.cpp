@@ -55,7 +55,7 @@ TEST(Half, Bf16NarrowingRoundsToNearestEvenAndKeepsNaN) {
   EXPECT_EQ(f32_to_bf16_bits(1.0f + 0x1p-8f), 0x3f80u);
   // (1 + 2^-7) + 2^-8 is halfway between odd 1 + 2^-7 and 1 + 2^-6: up.
   EXPECT_EQ(f32_to_bf16_bits(1.0f + 0x1p-7f + 0x1p-8f), 0x3f82u);
-  EXPECT_EQ(f32_to_bf16_bits(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81u);  // above the tie: up
+  EXPECT_EQ(f32_to_bf16_bits(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81u);          // above the tie: up
   EXPECT_EQ(f32_to_bf16_bits(std::numeric_limits<float>::max()), 0x7f80u);  // rounds to inf
   EXPECT_EQ(f32_to_bf16_bits(-std::numeric_limits<float>::infinity()), 0xff80u);
   // A NaN whose payload sits only in the low 16 bits must stay NaN (not become inf).
@@ -64,13 +64,13 @@ TEST(Half, Bf16NarrowingRoundsToNearestEvenAndKeepsNaN) {
 }
 
 TEST(Half, F16NarrowingRoundsToNearestEvenWithSubnormalsAndOverflow) {
-  EXPECT_EQ(f32_to_f16_bits(1.0f + 0x1p-11f), 0x3c00u);                  // tie -> even
-  EXPECT_EQ(f32_to_f16_bits(1.0f + 0x1p-10f + 0x1p-11f), 0x3c02u);       // tie -> even (up)
+  EXPECT_EQ(f32_to_f16_bits(1.0f + 0x1p-11f), 0x3c00u);             // tie -> even
+  EXPECT_EQ(f32_to_f16_bits(1.0f + 0x1p-10f + 0x1p-11f), 0x3c02u);  // tie -> even (up)
   EXPECT_EQ(f32_to_f16_bits(65504.0f), 0x7bffu);
   EXPECT_EQ(f32_to_f16_bits(65519.0f), 0x7bffu);
-  EXPECT_EQ(f32_to_f16_bits(65520.0f), 0x7c00u);                         // tie at the top -> inf
-  EXPECT_EQ(f32_to_f16_bits(0x1p-24f), 0x0001u);                         // smallest subnormal
-  EXPECT_EQ(f32_to_f16_bits(0x1p-25f), 0x0000u);                         // tie -> even (0)
+  EXPECT_EQ(f32_to_f16_bits(65520.0f), 0x7c00u);  // tie at the top -> inf
+  EXPECT_EQ(f32_to_f16_bits(0x1p-24f), 0x0001u);  // smallest subnormal
+  EXPECT_EQ(f32_to_f16_bits(0x1p-25f), 0x0000u);  // tie -> even (0)
   EXPECT_EQ(f32_to_f16_bits(0x1p-25f + 0x1p-30f), 0x0001u);
   EXPECT_EQ(f32_to_f16_bits(-0.0f), 0x8000u);
   EXPECT_EQ(f16_bits_to_f32(0x0001u), 0x1p-24f);

@@ -50,8 +50,10 @@ void append_all(KVCache& cache, Shadow& sh, std::int64_t s_new, const std::vecto
   for (std::int64_t b = 0; b < c.batch; ++b) {
     const std::int64_t n = counts.empty() ? s_new : counts[static_cast<std::size_t>(b)];
     const std::int64_t kr = c.heads_kv * c.head_dim_qk, vr = c.heads_kv * c.head_dim_v;
-    for (std::int64_t i = 0; i < n * kr; ++i) sh.k[b].push_back(static_cast<float>(testing::element(k, b * s_new * kr + i)));
-    for (std::int64_t i = 0; i < n * vr; ++i) sh.v[b].push_back(static_cast<float>(testing::element(v, b * s_new * vr + i)));
+    for (std::int64_t i = 0; i < n * kr; ++i)
+      sh.k[b].push_back(static_cast<float>(testing::element(k, b * s_new * kr + i)));
+    for (std::int64_t i = 0; i < n * vr; ++i)
+      sh.v[b].push_back(static_cast<float>(testing::element(v, b * s_new * vr + i)));
   }
 }
 
@@ -69,7 +71,8 @@ testing::PassResults gathered_reference(const KVCache& cache, const Shadow& sh, 
   s.head_dim_qk = c.head_dim_qk;
   s.head_dim_v = c.head_dim_v;
   testing::Problem p = testing::make_problem(s, 1, lq, lk);
-  for (std::int64_t i = 0; i < q.numel(); ++i) p.q.as<float>()[i] = static_cast<float>(testing::element(q, i));  // bshd with equal Sq == thd
+  for (std::int64_t i = 0; i < q.numel(); ++i)
+    p.q.as<float>()[i] = static_cast<float>(testing::element(q, i));  // bshd with equal Sq == thd
   std::int64_t row = 0;
   for (std::int64_t b = 0; b < B; ++b) {
     const std::int64_t kr = c.heads_kv * c.head_dim_qk, vr = c.heads_kv * c.head_dim_v, lp = cache.leftpad(b);
@@ -166,9 +169,9 @@ TEST_F(KVCacheTest, OutOfRangeRequestsAreErrorsAndChangeNothing) {
   Shadow sh;
   append_all(cache, sh, 6, {}, 1);
   const Tensor k1 = random({3, 2, 24}, 2), v1 = random({3, 2, 40}, 3);
-  EXPECT_THROW(cache.append(2, k1, v1), Error);   // sequence id out of range
+  EXPECT_THROW(cache.append(2, k1, v1), Error);  // sequence id out of range
   EXPECT_THROW(cache.append(-1, k1, v1), Error);
-  EXPECT_THROW(cache.append(0, k1, v1), Error);   // 6 + 3 > capacity 8
+  EXPECT_THROW(cache.append(0, k1, v1), Error);  // 6 + 3 > capacity 8
   EXPECT_EQ(cache.length(0), 6);
   const Tensor k2 = random({2, 3, 2, 24}, 4), v2 = random({2, 3, 2, 40}, 5);
   const std::vector<std::int64_t> counts{1, 3};
@@ -267,10 +270,11 @@ TEST_P(KVCacheAttention, MatchesReferenceOnAGatheredDenseCopy) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, KVCacheAttention,
-    ::testing::Values(CacheCase{64, 1, 4, true, false, -1, 0, "decode"}, CacheCase{1, 1, 2, false, false, -1, 0, "decode"},
-                      CacheCase{16, 3, 8, true, true, 100, 0, "decode"}, CacheCase{4, 2, 4, true, false, -1, 8.0, "decode"},
-                      // prefill: a query block too long for decode runs on flash, from the same pages
-                      CacheCase{64, 40, 4, true, false, -1, 0, "flash"}, CacheCase{8, 33, 2, true, true, 64, 0, "flash"}),
+    ::testing::Values(
+        CacheCase{64, 1, 4, true, false, -1, 0, "decode"}, CacheCase{1, 1, 2, false, false, -1, 0, "decode"},
+        CacheCase{16, 3, 8, true, true, 100, 0, "decode"}, CacheCase{4, 2, 4, true, false, -1, 8.0, "decode"},
+        // prefill: a query block too long for decode runs on flash, from the same pages
+        CacheCase{64, 40, 4, true, false, -1, 0, "flash"}, CacheCase{8, 33, 2, true, true, 64, 0, "flash"}),
     [](const ::testing::TestParamInfo<CacheCase>& param_info) {
       const CacheCase& c = param_info.param;
       return std::string(c.backend) + "_page" + std::to_string(c.page) + "_sq" + std::to_string(c.sq) + "_h" +
@@ -311,8 +315,10 @@ TEST_P(KVCacheHalf, MatchesReferenceOnTheSameRoundedValues) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, KVCacheHalf,
-                         ::testing::Values(HalfCacheCase{DType::bf16, 16, 1, "decode"}, HalfCacheCase{DType::f16, 64, 4, "decode"},
-                                           HalfCacheCase{DType::bf16, 8, 40, "flash"}, HalfCacheCase{DType::f16, 32, 33, "flash"}),
+                         ::testing::Values(HalfCacheCase{DType::bf16, 16, 1, "decode"},
+                                           HalfCacheCase{DType::f16, 64, 4, "decode"},
+                                           HalfCacheCase{DType::bf16, 8, 40, "flash"},
+                                           HalfCacheCase{DType::f16, 32, 33, "flash"}),
                          [](const ::testing::TestParamInfo<HalfCacheCase>& param_info) {
                            const HalfCacheCase& c = param_info.param;
                            return std::string(c.backend) + "_" + std::string(to_string(c.dtype)) + "_page" +

@@ -113,9 +113,15 @@ void check_chunks(const Backend& backend, const Case& c, double tol) {
       in.q = rows(p.q, qc * kChunk, kChunk);
       in.k = rows(p.k, kc * kChunk, kChunk);
       in.v = rows(p.v, kc * kChunk, kChunk);
-      backend.backward(BackwardArgs{s, in, rows(out, qc * kChunk, kChunk), rows(lse, qc * kChunk, kChunk, true),
-                                    rows(p.dout, qc * kChunk, kChunk), rows(dq, qc * kChunk, kChunk),
-                                    rows(dk, kc * kChunk, kChunk), rows(dv, kc * kChunk, kChunk), {}});
+      backend.backward(BackwardArgs{s,
+                                    in,
+                                    rows(out, qc * kChunk, kChunk),
+                                    rows(lse, qc * kChunk, kChunk, true),
+                                    rows(p.dout, qc * kChunk, kChunk),
+                                    rows(dq, qc * kChunk, kChunk),
+                                    rows(dk, kc * kChunk, kChunk),
+                                    rows(dv, kc * kChunk, kChunk),
+                                    {}});
     }
   }
   EXPECT_LE(max_abs_diff(dq, want.dq), 4 * tol) << "accumulated dq";

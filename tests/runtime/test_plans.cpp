@@ -56,7 +56,13 @@ TEST_F(PlanTest, APlanRunsManyTimesWithTheResultsOfItsBackend) {
     EXPECT_TRUE(testing::bitwise_equal(dk, direct.dk));
   }
   // Tensors that do not match the plan's spec are errors naming them.
-  Problem other = make_problem([] { AttentionSpec s = small_spec(); s.seqlen_q = 25; return s; }(), 2);
+  Problem other = make_problem(
+      [] {
+        AttentionSpec s = small_spec();
+        s.seqlen_q = 25;
+        return s;
+      }(),
+      2);
   Tensor out = Tensor::zeros_like(direct.out), lse = Tensor::zeros_like(direct.lse);
   try {
     plan.forward(other.inputs, out, lse);
@@ -276,7 +282,10 @@ TEST(SpecFields, EveryFieldRoundTripsAndChangesTheSignatureWhenItSelects) {
   for (const char* name : {"seqlen_q", "causal", "q_offset", "accumulate_grads", "out_dtype", "window_left"}) {
     AttentionSpec t = s;
     const SpecField& f = *find_spec_field(name);
-    set_field(t, f, std::string(name) == "out_dtype" ? "f32" : std::string(name) == "causal" || std::string(name) == "accumulate_grads" ? "true" : "7");
+    set_field(t, f,
+              std::string(name) == "out_dtype"                                           ? "f32"
+              : std::string(name) == "causal" || std::string(name) == "accumulate_grads" ? "true"
+                                                                                         : "7");
     EXPECT_NE(signature(t), base) << name;
   }
   AttentionSpec t = s;

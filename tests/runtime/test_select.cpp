@@ -48,8 +48,7 @@ class SelectTest : public ::testing::Test {
   std::shared_ptr<ForwardOnlyMismatchBackend> fake;
 };
 
-class MismatchedHeadDims : public SelectTest,
-                           public ::testing::WithParamInterface<std::pair<int, int>> {};
+class MismatchedHeadDims : public SelectTest, public ::testing::WithParamInterface<std::pair<int, int>> {};
 
 TEST_P(MismatchedHeadDims, TrainingRejectsForwardOnlyBackendAndFallsBack) {
   const auto [dqk, dv] = GetParam();
@@ -118,10 +117,10 @@ TEST_P(MismatchedHeadDims, ForcingTheUnfitBackendFailsEarlyWithItsReasons) {
   EXPECT_EQ(fake->counts->forwards.load(), 0);  // failed before any kernel ran
 }
 
-INSTANTIATE_TEST_SUITE_P(Mla, MismatchedHeadDims,
-                         ::testing::Values(std::pair{192, 128}, std::pair{64, 512}),
+INSTANTIATE_TEST_SUITE_P(Mla, MismatchedHeadDims, ::testing::Values(std::pair{192, 128}, std::pair{64, 512}),
                          [](const auto& param_info) {
-                           return "qk" + std::to_string(param_info.param.first) + "_v" + std::to_string(param_info.param.second);
+                           return "qk" + std::to_string(param_info.param.first) + "_v" +
+                                  std::to_string(param_info.param.second);
                          });
 
 TEST_F(SelectTest, SquareHeadDimsTrainingPrefersHigherPriorityBackend) {
@@ -201,7 +200,7 @@ TEST_F(SelectTest, SelectionsAreCachedPerSpecAndMode) {
   EXPECT_EQ(after_first, 2);  // forward + backward
   (void)select(s, Mode::training);
   EXPECT_EQ(fake->counts->checks.load(), after_first);  // cache hit: no new checks
-  (void)select(s, Mode::inference);  // another mode is another entry
+  (void)select(s, Mode::inference);                     // another mode is another entry
   EXPECT_EQ(fake->counts->checks.load(), after_first + 1);
   AttentionSpec other = s;
   other.seqlen_kv *= 4;  // another power-of-two bucket: another entry
@@ -286,7 +285,8 @@ TEST_F(SelectTest, InfoLogPrintsEachDistinctSelectionOnce) {
   (void)select(mla_spec(192, 128), Mode::training, pol);
   const std::string err = ::testing::internal::GetCapturedStderr();
   std::size_t count = 0;
-  for (std::size_t pos = err.find("new selection"); pos != std::string::npos; pos = err.find("new selection", pos + 1)) ++count;
+  for (std::size_t pos = err.find("new selection"); pos != std::string::npos; pos = err.find("new selection", pos + 1))
+    ++count;
   EXPECT_EQ(count, 1u) << err;
   EXPECT_NE(err.find("selected: reference"), std::string::npos);
 }
@@ -307,9 +307,7 @@ TEST_F(SelectTest, PolicyReadsEnvironment) {
   EXPECT_EQ(p.log, LogLevel::debug);
 }
 
-TEST_F(SelectTest, RegistryRejectsNullBackend) {
-  EXPECT_THROW(register_backend(nullptr, 1), Error);
-}
+TEST_F(SelectTest, RegistryRejectsNullBackend) { EXPECT_THROW(register_backend(nullptr, 1), Error); }
 
 }  // namespace
 }  // namespace attend

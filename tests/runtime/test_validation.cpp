@@ -160,7 +160,11 @@ TEST(SpecValidation, DqDtypeIsTheInputDtypeOrF32ForHalfInputs) {
     s.dtype = dt;
     s.dq_dtype = DType::f32;
     EXPECT_NO_THROW(validate(s));
-    EXPECT_NE(signature(s), [&] { auto t = s; t.dq_dtype.reset(); return signature(t); }());
+    EXPECT_NE(signature(s), [&] {
+      auto t = s;
+      t.dq_dtype.reset();
+      return signature(t);
+    }());
     s.dq_dtype = DType::f64;
     expect_spec_error(s, "dq_dtype");
   }
@@ -183,12 +187,18 @@ TEST(InputValidation, DqTensorMustHaveTheDqDtype) {
   Tensor dk = Tensor::zeros_like(p.k), dv = Tensor::zeros_like(p.v);
   Tensor dq_half = Tensor::zeros_like(p.q), dq_f32 = Tensor::zeros(DType::f32, {2, 5, 4, 8});
   EXPECT_NO_THROW(validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_half, dk, dv, {}}));
-  expect_error([&] { validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_f32, dk, dv, {}}); },
-               ErrorCode::invalid_argument, "dq.dtype");
+  expect_error(
+      [&] {
+        validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_f32, dk, dv, {}});
+      },
+      ErrorCode::invalid_argument, "dq.dtype");
   s.dq_dtype = DType::f32;
   EXPECT_NO_THROW(validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_f32, dk, dv, {}}));
-  expect_error([&] { validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_half, dk, dv, {}}); },
-               ErrorCode::invalid_argument, "dq.dtype");
+  expect_error(
+      [&] {
+        validate_backward(BackwardArgs{s, p.inputs, out, lse, out, dq_half, dk, dv, {}});
+      },
+      ErrorCode::invalid_argument, "dq.dtype");
 }
 
 TEST(InputValidation, MatchingTensorsPass) {
@@ -220,12 +230,18 @@ TEST(InputValidation, OutputShapeMismatchIsDetected) {
   auto p = make_problem(small_spec(), 1);
   Tensor out = Tensor::zeros(DType::f32, {2, 5, 4, 8});  // head_dim_v is 6
   Tensor lse = Tensor::zeros(DType::f32, {2, 4, 5});
-  expect_error([&] { validate_forward(ForwardArgs{p.spec, p.inputs, out, lse}); }, ErrorCode::shape_mismatch,
-               "out.shape[3]");
+  expect_error(
+      [&] {
+        validate_forward(ForwardArgs{p.spec, p.inputs, out, lse});
+      },
+      ErrorCode::shape_mismatch, "out.shape[3]");
   Tensor out_ok = Tensor::zeros(DType::f32, {2, 5, 4, 6});
   Tensor lse_bad = Tensor::zeros(DType::f64, {2, 4, 5});
-  expect_error([&] { validate_forward(ForwardArgs{p.spec, p.inputs, out_ok, lse_bad}); },
-               ErrorCode::invalid_argument, "lse.dtype");
+  expect_error(
+      [&] {
+        validate_forward(ForwardArgs{p.spec, p.inputs, out_ok, lse_bad});
+      },
+      ErrorCode::invalid_argument, "lse.dtype");
 }
 
 TEST(InputValidation, DtypeMismatchIsDetected) {
@@ -315,8 +331,8 @@ TEST_F(VarlenValidation, CuSeqlensMustBeMonotonic) {
 
 TEST_F(VarlenValidation, CuSeqlensMustStayInsideBuffer) {
   AttentionSpec s = p.spec;
-  s.seqlen_q = 9;     // allow the longer sequence so that only the buffer bound fails
-  cu_q()[3] = 9;      // total_q is 8
+  s.seqlen_q = 9;  // allow the longer sequence so that only the buffer bound fails
+  cu_q()[3] = 9;   // total_q is 8
   expect_error([&] { validate_inputs(s, p.inputs); }, ErrorCode::invalid_argument, "cu_seqlens_q[3]");
 }
 

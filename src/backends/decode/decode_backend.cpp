@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "attend/error.h"
-#include "kernel/f32_range.h"
-#include "cpu/threads.h"
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
+#include "cpu/threads.h"
+#include "kernel/f32_range.h"
 #include "runtime/builtin.h"
 
 namespace attend {
@@ -52,10 +52,12 @@ class DecodeBackend final : public Backend {
  protected:
   void supports(const AttentionSpec& s, Pass pass, const Target&, Support& sup) const override {
     if (pass == Pass::backward) {
-      sup.require(false, ReasonCode::no_backward, "decode has no backward pass (a forward-only split-KV inference kernel)");
+      sup.require(false, ReasonCode::no_backward,
+                  "decode has no backward pass (a forward-only split-KV inference kernel)");
     }
     sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype, [&] {
-      return "dtype=" + std::string(to_string(s.dtype)) + " is not computed by decode (f32, bf16, f16; f32 accumulation)";
+      return "dtype=" + std::string(to_string(s.dtype)) +
+             " is not computed by decode (f32, bf16, f16; f32 accumulation)";
     });
     sup.require(s.effective_out_dtype() == s.dtype, ReasonCode::out_dtype, [&] {
       return "out_dtype=" + std::string(to_string(s.effective_out_dtype())) +

@@ -20,8 +20,8 @@
 #include <limits>
 
 #include "backends/decode/decode_params.h"
-#include "kernel/lse_merge.h"
 #include "cpu/half_simd.h"
+#include "kernel/lse_merge.h"
 
 namespace attend::decode::ATTEND_DECODE_ISA {
 
@@ -238,7 +238,7 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
         const std::int64_t h = hk * g + r % g;
         for (std::int64_t c = lo; c < hi; ++c) {
           sr[c] = p.dropout_mask.keep(b, h, i + p.mask.q_offset, j0 + c + p.mask.kv_offset) ? sr[c] * p.dropout_scale
-                                                                                              : 0.0f;
+                                                                                            : 0.0f;
         }
       }
     }

@@ -1,6 +1,7 @@
 // The decode kernels compiled for avx2. Standard and project headers come first,
 // outside the target region, so only the kernel code below is built for avx2
 // and no shared inline function can leak wider instructions into other paths.
+#include <immintrin.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,17 +10,19 @@
 
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
-#include "kernel/lse_merge.h"
-#include "kernel/half.h"
 #include "cpu/target_region.h"
-#include <immintrin.h>
+#include "kernel/half.h"
+#include "kernel/lse_merge.h"
 
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 
+// Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
+// clang-format off
 #define ATTEND_DECODE_ISA isa_avx2
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx2
 #include "cpu/simd_avx2.h"
 #include "backends/decode/decode_impl.h"
+// clang-format on
 ATTEND_TARGET_REGION_END()
 
 namespace attend::decode {

@@ -9,13 +9,16 @@
 
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"
-#include "kernel/lse_merge.h"
 #include "kernel/half.h"
+#include "kernel/lse_merge.h"
 
+// Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
+// clang-format off
 #define ATTEND_DECODE_ISA isa_scalar
 #define ATTEND_DECODE_SIMD ::attend::flash::SimdScalar
 #include "cpu/simd_scalar.h"
 #include "backends/decode/decode_impl.h"
+// clang-format on
 
 namespace attend::decode {
 

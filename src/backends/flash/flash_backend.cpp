@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "attend/error.h"
-#include "kernel/f32_range.h"
-#include "cpu/threads.h"
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
+#include "cpu/threads.h"
+#include "kernel/f32_range.h"
 #include "runtime/builtin.h"
 
 namespace attend {
@@ -60,7 +60,8 @@ class FlashBackend final : public Backend {
       sup.note([&] {
         const std::string dtype(to_string(s.dtype)), isa(k.isa);
         if (const char* gemms = k.for_dtype(s.dtype).half_gemms) {
-          return "dtype=" + dtype + ": GEMMs on " + gemms + " (kernel family " + isa + "), f32 softmax and accumulators";
+          return "dtype=" + dtype + ": GEMMs on " + gemms + " (kernel family " + isa +
+                 "), f32 softmax and accumulators";
         }
         return "dtype=" + dtype + ": widened to f32 as tiles are packed (kernel family " + isa + " has no " + dtype +
                " GEMM instructions), about the f32 kernels' speed";

@@ -10,10 +10,10 @@
 #include <cstdint>
 
 #include "attend/backend.h"
-#include "kernel/layout.h"
-#include "kernel/philox.h"
 #include "kernel/half.h"
 #include "kernel/kernel_problem.h"
+#include "kernel/layout.h"
+#include "kernel/philox.h"
 #include "kernel/semantics.h"
 
 namespace attend::flash {

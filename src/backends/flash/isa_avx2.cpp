@@ -1,6 +1,7 @@
 // The flash kernels compiled for avx2. Standard and project headers come first,
 // outside the target region, so only the kernel code below is built for avx2
 // and no shared inline function can leak wider instructions into other paths.
+#include <immintrin.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,18 +12,20 @@
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
-#include "kernel/half.h"
 #include "cpu/target_region.h"
-#include <immintrin.h>
+#include "kernel/half.h"
 
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 
+// Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
+// clang-format off
 #define ATTEND_FLASH_ISA isa_avx2
 #include "cpu/simd_avx2.h"
 #include "backends/flash/gemm_tile.h"
 #include "backends/flash/logits_tile.h"
 #include "backends/flash/forward_impl.h"
 #include "backends/flash/backward_impl.h"
+// clang-format on
 ATTEND_TARGET_REGION_END()
 
 namespace attend::flash {

@@ -1,24 +1,26 @@
 // The flash kernels compiled for avx512. Standard and project headers come first,
 // outside the target region, so only the kernel code below is built for avx512
 // and no shared inline function can leak wider instructions into other paths.
+#include <immintrin.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
 #include "backends/flash/dispatch.h"
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
-#include "kernel/half.h"
 #include "cpu/target_region.h"
-#include <immintrin.h>
+#include "kernel/half.h"
 
 ATTEND_AVX512_WARNINGS_BEGIN()
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512)
 
+// Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
+// clang-format off
 #define ATTEND_FLASH_ISA isa_avx512
 #include "cpu/simd_avx512.h"
 #include "backends/flash/gemm_tile.h"
@@ -35,6 +37,7 @@ ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512_BF16_AMX)
 #include "backends/flash/gemm_amx.h"
 #include "backends/flash/forward_bf16_impl.h"
 #include "backends/flash/backward_bf16_impl.h"
+// clang-format on
 ATTEND_TARGET_REGION_END()
 ATTEND_AVX512_WARNINGS_END()
 

@@ -13,12 +13,15 @@
 #include "backends/flash/kernel_traits.h"
 #include "kernel/half.h"
 
+// Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
+// clang-format off
 #define ATTEND_FLASH_ISA isa_scalar
 #include "cpu/simd_scalar.h"
 #include "backends/flash/gemm_tile.h"
 #include "backends/flash/logits_tile.h"
 #include "backends/flash/forward_impl.h"
 #include "backends/flash/backward_impl.h"
+// clang-format on
 
 namespace attend::flash {
 

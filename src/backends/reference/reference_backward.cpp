@@ -13,8 +13,8 @@ namespace {
 // stored O, so that f32 rounding of O cannot leak into the oracle.
 // dv_acc (optional) accumulates P'^T dO for the kv head.
 template <typename T, typename Acc>
-void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, std::int64_t i, KeyRange r,
-                    const Acc* p, const T* dO, const Acc* forward_D, Acc* f, Acc* ds, Acc* dv_acc) {
+void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, std::int64_t i, KeyRange r, const Acc* p,
+                    const T* dO, const Acc* forward_D, Acc* f, Acc* ds, Acc* dv_acc) {
   const std::int64_t kvh = h / pr.group;
   if (pr.dropout) dropout_factors(pr, b, h, i, r, f);
   Acc D = 0;
@@ -199,8 +199,10 @@ void run_backward(const BackwardArgs& a, bool acc64, bool round_inter) {
   const BufferSizes sizes = buffer_sizes(a.spec, Pass::backward, acc64, z);
   const ScratchPlan plan = plan_scratch(a.spec, Pass::backward, acc64);
   if (!c.accumulate) {  // rows outside every sequence (thd) read 0
-    if (a.dq.dtype == DType::f32) fill_view(a.dq, 0.0f);
-    else fill_view(a.dq, T(0.0f));
+    if (a.dq.dtype == DType::f32)
+      fill_view(a.dq, 0.0f);
+    else
+      fill_view(a.dq, T(0.0f));
     fill_view(a.dk, T(0.0f));
     fill_view(a.dv, T(0.0f));
   }

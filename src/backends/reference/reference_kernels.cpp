@@ -38,8 +38,10 @@ void forward_task(const Problem<T, Acc>& pr, const ForwardArgs& a, std::int64_t 
         for (std::int64_t d = 0; d < pr.dv; ++d) out[d] = static_cast<D>(o[d]);
       };
       const std::int64_t off = os.offset(b, sp.q_begin + i, h);
-      if (a.out.dtype == DType::f32) write(a.out.as<float>() + off);
-      else write(a.out.as<T>() + off);
+      if (a.out.dtype == DType::f32)
+        write(a.out.as<float>() + off);
+      else
+        write(a.out.as<T>() + off);
     }
   }
 }
@@ -51,8 +53,10 @@ void run_forward(const ForwardArgs& a, bool acc64, bool round_inter) {
   const BufferSizes sizes = buffer_sizes(a.spec, Pass::forward, acc64, z);
   const ScratchPlan plan = plan_scratch(a.spec, Pass::forward, acc64);
   // Only packed (thd) tensors have rows outside every sequence; they read 0 / -inf.
-  if (a.out.dtype == DType::f32) fill_view(a.out, 0.0f);
-  else fill_view(a.out, T(0.0f));
+  if (a.out.dtype == DType::f32)
+    fill_view(a.out, 0.0f);
+  else
+    fill_view(a.out, T(0.0f));
   fill_view(a.lse, static_cast<Lse<T>>(kNegInf));
   const Workers workers(a.workspace, plan.worker_bytes, planned_workers(a.spec, pr.B * pr.Hkv));
   parallel_tasks(pr.B * pr.Hkv, workers, [&](std::int64_t t, std::byte* mem) {

@@ -25,9 +25,8 @@ class SampleBackend final : public Backend {
  protected:
   void supports(const AttentionSpec& s, Pass pass, const Target&, Support& sup) const override {
     sup.require(pass == Pass::forward, ReasonCode::no_backward, "sample has no backward (a forward-only test backend)");
-    sup.require(s.dtype == DType::f32 || s.dtype == DType::f64, ReasonCode::dtype, [&] {
-      return "dtype=" + std::string(to_string(s.dtype)) + " is not computed by sample (f32, f64)";
-    });
+    sup.require(s.dtype == DType::f32 || s.dtype == DType::f64, ReasonCode::dtype,
+                [&] { return "dtype=" + std::string(to_string(s.dtype)) + " is not computed by sample (f32, f64)"; });
     sup.require(s.softcap == 0, ReasonCode::softcap, "softcap is not computed by sample");
     sup.require(!s.alibi, ReasonCode::alibi, "alibi is not computed by sample");
     sup.require(!s.has_bias, ReasonCode::bias, "bias is not computed by sample");
@@ -50,9 +49,10 @@ class SampleBackend final : public Backend {
   static void run(const ForwardArgs& a) {
     const AttentionSpec& s = a.spec;
     const detail::MaskRule rule = detail::mask_rule(s);
-    const detail::TokenStrides qs = detail::token_strides(a.in.q, s.layout), ks = detail::token_strides(a.in.k, s.layout),
-                               vs = detail::token_strides(a.in.v, s.layout), os = detail::token_strides(a.out, s.layout),
-                               ls = detail::lse_strides(a.lse, s.layout);
+    const detail::TokenStrides qs = detail::token_strides(a.in.q, s.layout),
+                               ks = detail::token_strides(a.in.k, s.layout),
+                               vs = detail::token_strides(a.in.v, s.layout),
+                               os = detail::token_strides(a.out, s.layout), ls = detail::lse_strides(a.lse, s.layout);
     using L = std::conditional_t<std::is_same_v<T, double>, double, float>;
     const double scale = s.effective_scale();
     std::vector<double> p(static_cast<std::size_t>(s.seqlen_kv)), o(static_cast<std::size_t>(s.head_dim_v));
@@ -66,7 +66,8 @@ class SampleBackend final : public Backend {
           for (std::int64_t j = r.begin; j < r.end; ++j) {
             const T* k = a.in.k.as<const T>() + ks.offset(b, j, hk);
             double dot = 0;
-            for (std::int64_t d = 0; d < s.head_dim_qk; ++d) dot += static_cast<double>(q[d]) * static_cast<double>(k[d]);
+            for (std::int64_t d = 0; d < s.head_dim_qk; ++d)
+              dot += static_cast<double>(q[d]) * static_cast<double>(k[d]);
             p[static_cast<std::size_t>(j)] = scale * dot;
             m = std::max(m, scale * dot);
           }
@@ -76,7 +77,8 @@ class SampleBackend final : public Backend {
           for (std::int64_t j = r.begin; j < r.end; ++j) {
             const double w = std::exp(p[static_cast<std::size_t>(j)] - m) / sum;
             const T* v = a.in.v.as<const T>() + vs.offset(b, j, hk);
-            for (std::int64_t d = 0; d < s.head_dim_v; ++d) o[static_cast<std::size_t>(d)] += w * static_cast<double>(v[d]);
+            for (std::int64_t d = 0; d < s.head_dim_v; ++d)
+              o[static_cast<std::size_t>(d)] += w * static_cast<double>(v[d]);
           }
           T* out = a.out.as<T>() + os.offset(b, i, h);
           for (std::int64_t d = 0; d < s.head_dim_v; ++d) out[d] = static_cast<T>(o[static_cast<std::size_t>(d)]);
