@@ -188,9 +188,12 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
                            p.out_as<bf16_t>() + p.so.offset(b, row0 + r, h), dv);
           lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         }
+        nan_unless_finite(dsum, m);
 
         // S = Q K^T (scaled in f32), final logits, P = exp(s - LSE); padding rows 0.
+        // Non-finite inputs show in S, dP, the LSE or D (backward_impl.h).
         gemm(mp, np, kq, qb, kq, kt2, np, pt, BN, false);
+        bool finite = tile_finite<S>(pt, m, np, BN) && lse_and_d_clean(lse, dsum, m);
         const V vscale = S::set1(p.scale);
         for (std::int64_t r = 0; r < m; ++r) {
           for (std::int64_t j = 0; j < np; j += S::W) S::store(pt + r * BN + j, S::mul(S::load(pt + r * BN + j), vscale));
@@ -209,6 +212,7 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
 
         // dP = dO V^T (* keep/(1-p)); scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
         gemm(mp, np, kv, dob, kv, vt2, np, ds, BN, false);
+        finite = finite && tile_finite<S>(ds, m, np, BN);
         const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, np};
         if (p.dropout) apply_dropout(p, dtile);
         for (std::int64_t r = 0; r < mp; ++r) {
@@ -227,6 +231,12 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
         if (p.dropout) apply_dropout(p, tile);  // P -> P' for dV
 
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ = (scale dS) K
+        if (!finite) {
+          visible_tile_products<S, bf16_t>(p, b, h, span, i0, m, j0, n, pt, ds, BN, lse, dv_acc, dvp, dk_acc, dqp,
+                                           dq_tile);
+          add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
+          continue;
+        }
         pair_columns(pt, BN, mp / 2, np, pT2, BM / 2);
         pair_columns(ds, BN, mp / 2, np, dsT2, BM / 2);
         gemm(np, dvp, round_up(mp / 2, 16), pT2, BM / 2, do2, dvp, dv_acc, dvp, true);

@@ -28,6 +28,7 @@
 
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
+#include "backends/flash/nonfinite_tile.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
@@ -156,9 +157,14 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
           dsum[r] = dot<S>(doblk + r * dvp, p.out_as<E>() + p.so.offset(b, row0 + r, h), dv);
           lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         }
+        nan_unless_finite(dsum, m);
 
         // Recompute logits exactly as the forward did, then P = exp(s - LSE).
+        // A non-finite q or k shows in the raw scores, dO or v in dP, a bad
+        // logit term in the LSE: any of them sends the tile to the visible-pair
+        // products (nonfinite_tile.h).
         gemm<S, MR, NV>(m, n_pad, dqk, MatA{qblk, dqp, 1}, kt, BN, pt, BN, false);
+        bool finite = tile_finite<S>(pt, m, n_pad, BN) && lse_and_d_clean(lse, dsum, m);
         const Tile tile{b, h, i0, m, j0, n, span, pt, BN, false, m, n_pad};
         finish_logits<S, E>(p, tile, p.softcap > 0 ? th : nullptr);
         for (std::int64_t r = 0; r < m; ++r) {
@@ -173,6 +179,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
 
         // dP = (dO V^T) * keep/(1-p);  scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
         gemm<S, MR, NV>(m, n_pad, dv, MatA{doblk, dvp, 1}, vt, BN, ds, BN, false);
+        finite = finite && tile_finite<S>(ds, m, n_pad, BN);
         const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, n_pad};
         if (p.dropout) apply_dropout(p, dtile);
         const V vscale = S::set1(p.scale);
@@ -188,9 +195,13 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         if (p.dropout) apply_dropout(p, tile);  // P -> P' for dV
 
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ += (scale dS) K
-        gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, doblk, dvp, dv_acc, dvp, true);
-        gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, qblk, dqp, dk_acc, dqp, true);
-        gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, kblk, dqp, dq_tile, dqp, false);
+        if (finite) {
+          gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, doblk, dvp, dv_acc, dvp, true);
+          gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, qblk, dqp, dk_acc, dqp, true);
+          gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, kblk, dqp, dq_tile, dqp, false);
+        } else {
+          visible_tile_products<S, E>(p, b, h, span, i0, m, j0, n, pt, ds, BN, lse, dv_acc, dvp, dk_acc, dqp, dq_tile);
+        }
         add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
       }
     }

@@ -21,6 +21,7 @@
 
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
+#include "backends/flash/nonfinite_tile.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
@@ -92,16 +93,21 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     // Dropout acts on P after the sums: LSE and normalisation are pre-dropout.
     if (p.dropout) apply_dropout(p, tile);
 
-    gemm<S, Tr::mr, Tr::nv>(mc, dvp, n, MatA{sc, 1, BM}, vblk, dvp, acc + c0 * dvp, dvp, true);
+    // A NaN or infinite v would reach the masked queries through their zero
+    // weights in the GEMM (nonfinite_tile.h).
+    if (tile_finite<S>(vblk, n, dvp, dvp)) {
+      gemm<S, Tr::mr, Tr::nv>(mc, dvp, n, MatA{sc, 1, BM}, vblk, dvp, acc + c0 * dvp, dvp, true);
+    } else {
+      visible_pv<S, E>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, dvp, 1);
+    }
   }
 
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
     E* dst = p.out_as<E>() + p.so.offset(b, row, h);
-    const float l = row_sum[r];
-    const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
-    for (std::int64_t d = 0; d < dv; ++d) dst[d] = detail::from_f32<E>(acc[r * dvp + d] * inv);
-    p.lse[p.slse.offset(b, row, h)] = l > 0 ? row_max[r] + std::log(l) : kNegInf;
+    const RowEnd e = row_end(row_max[r], row_sum[r]);
+    for (std::int64_t d = 0; d < dv; ++d) dst[d] = detail::from_f32<E>(e.empty ? 0.0f : acc[r * dvp + d] * e.inv);
+    p.lse[p.slse.offset(b, row, h)] = e.lse;
   }
 }
 

@@ -90,7 +90,8 @@ inline void apply_dropout(const FlashParams& p, const Tile& t) {
       const auto words = p.dropout_mask.words(t.b, t.h, i, col >> 2);
       for (std::int64_t w = col & 3; w < 4 && c < t.n; ++w, ++c) {
         float& x = t.at(r, c);
-        x = words[w] < p.dropout_mask.threshold ? x * p.dropout_scale : 0.0f;
+        // x * 0, not 0: a dropped NaN or infinite weight stays NaN (IEEE, as the reference).
+        x *= words[w] < p.dropout_mask.threshold ? p.dropout_scale : 0.0f;
       }
     }
   }

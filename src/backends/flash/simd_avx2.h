@@ -21,6 +21,10 @@ struct SimdAvx2 {
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  // One lane of fmadd: sums formed element by element round exactly as a GEMM lane does.
+  static float fmadd1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+  }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
   static float reduce_add(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

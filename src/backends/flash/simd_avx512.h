@@ -23,6 +23,10 @@ struct SimdAvx512 {
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  // One lane of fmadd: sums formed element by element round exactly as a GEMM lane does.
+  static float fmadd1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+  }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
   static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }

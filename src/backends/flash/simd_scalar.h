@@ -20,6 +20,7 @@ struct SimdScalar {
   static V sub(V a, V b) { return a - b; }
   static V mul(V a, V b) { return a * b; }
   static V fmadd(V a, V b, V c) { return a * b + c; }
+  static float fmadd1(float a, float b, float c) { return fmadd(a, b, c); }
   static V max(V a, V b) { return std::max(a, b); }
   static float reduce_add(V v) { return v; }
   static float reduce_max(V v) { return v; }
