@@ -133,6 +133,15 @@ std::vector<FlashCase> cases() {
   c.layout = Layout::sbhd;
   c.causal = true;
   v.push_back(c);
+  // Rows that see exactly one key: exact dq and dk are 0, and the textbook
+  // D = sum_j P dP cancels dP exactly there; flash's D = rowsum(dO * O) must
+  // too (noise growing with head_dim_v otherwise).
+  v.push_back(make("one_key_512x1_d64_v512", 512, 1, 64, 512));
+  v.push_back(make("one_key_300x1_d96_v256_gqa", 300, 1, 96, 256));
+  v.back().heads = 4;
+  c = make("window_0_0_200_d96_v256", 200, 200, 96, 256);
+  c.wl = c.wr = 0;
+  v.push_back(c);
   // Everything at once.
   c = make("combined", 100, 157, 96, 80);
   c.causal = true;
