@@ -5,7 +5,7 @@
 // identical for any thread count, with no atomics and no O(seqlen) buffers.
 //
 // K^T, V^T and K are packed once per key block (the softmax scale folded into
-// K^T); Q and dO rows are copied into contiguous blocks per query block (rows
+// K^T, as the forward folds it into K, so that both form the same scores); Q and dO rows are copied into contiguous blocks per query block (rows
 // of one head sit H*D floats apart in the user's tensor, which makes in-place
 // GEMM loads conflict in L1). The transposed products (P'^T dO, dS^T Q) read
 // the P and dS tiles through the GEMM's strided A operand — no tile transposes.

@@ -36,8 +36,8 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   if (m <= 0) return;
   const std::int64_t mp = round_up(m, S::W), hk = h / p.group, dqk = p.dqk, dv = p.dv, dvp = round_up(dv, S::W);
 
-  float* qt = scratch;                 // dqk x BM: scale * Q^T, zero-padded columns
-  float* kblk = qt + dqk * BM;         // BN x dqk: K block
+  float* qt = scratch;                 // dqk x BM: Q^T, zero-padded columns
+  float* kblk = qt + dqk * BM;         // BN x dqk: scale * K block
   float* vblk = kblk + BN * dqk;       // BN x dvp: V block, zero-padded columns
   float* st = vblk + BN * dvp;         // BN x BM: S^T, then P^T
   float* acc = st + BN * BM;           // BM x dvp: output accumulator
@@ -47,7 +47,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
 
   for (std::int64_t r = 0; r < mp; ++r) {
     const E* src = r < m ? p.q_as<E>() + p.sq.offset(b, span.q_begin + i0 + r, h) : nullptr;
-    for (std::int64_t d = 0; d < dqk; ++d) qt[d * BM + r] = src ? detail::to_f32(src[d]) * p.scale : 0.0f;
+    for (std::int64_t d = 0; d < dqk; ++d) qt[d * BM + r] = src ? detail::to_f32(src[d]) : 0.0f;
     row_max[r] = kNegInf;
     row_sum[r] = 0.0f;
   }
@@ -56,10 +56,19 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   // Keys any row of the block can see: visible ranges only grow with i.
   const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
   const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
+  // The scale goes on K, as in the backward's S = Q (scale K)^T: each score is
+  // then formed from the same products in the same order in both passes, the
+  // backward's P = exp(s - LSE) is exactly the forward's (1 for a row that sees
+  // one key), and dV = P^T dO carries no extra rounding of the scores.
+  const V vscale = S::set1(p.scale);
   for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
     const std::int64_t n = std::min(BN, last.end - j0);
     for (std::int64_t j = 0; j < n; ++j) {
-      copy_row<S>(p.k_row<E>(b, span, j0 + j, hk), dqk, kblk + j * dqk, dqk);
+      float* krow = kblk + j * dqk;
+      copy_row<S>(p.k_row<E>(b, span, j0 + j, hk), dqk, krow, dqk);
+      std::int64_t d = 0;
+      for (; d + S::W <= dqk; d += S::W) S::store(krow + d, S::mul(S::load(krow + d), vscale));
+      for (; d < dqk; ++d) krow[d] *= p.scale;
       copy_row<S>(p.v_row<E>(b, span, j0 + j, hk), dv, vblk + j * dvp, dvp);
     }
     // Rows of one head are H*D floats apart, too far for the hardware

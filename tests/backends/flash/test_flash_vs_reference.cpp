@@ -142,6 +142,12 @@ std::vector<FlashCase> cases() {
   c = make("window_0_0_200_d96_v256", 200, 200, 96, 256);
   c.wl = c.wr = 0;
   v.push_back(c);
+  // One key per row with large logits: dV = P^T dO is exact only when the
+  // backward's P = exp(s - LSE) is exactly 1, i.e. it forms the forward's scores.
+  c = make("window_0_0_large_logits_d96_v256", 200, 200, 96, 256);
+  c.wl = c.wr = 0;
+  c.scale = 8 / std::sqrt(96.0);
+  v.push_back(c);
   // Everything at once.
   c = make("combined", 100, 157, 96, 80);
   c.causal = true;
