@@ -153,7 +153,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
   float* doblk = qblk + BM * dqp;      // BM x dvp   dO rows
   float* pt = doblk + BM * dvp;        // BM x BN    P, then P'
   float* ds = pt + BM * BN;            // BM x BN    dP, then scale * dS
-  float* th = ds + BM * BN;            // BM x BN    tanh (softcap only)
+  float* th = ds + BM * BN;            // BM x BN    1 - tanh^2 (softcap only)
   float* dq_tile = th + BM * BN;       // BM x dqp
   float* dsum = dq_tile + BM * dqp;    // BM         D_i = dO_i . O_i
   float* lse = dsum + BM;              // BM
@@ -215,7 +215,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
           for (std::int64_t j = 0; j < n_pad; j += S::W) {
             const std::int64_t o = r * BN + j;
             V g_s = S::mul(S::load(pt + o), S::sub(S::load(ds + o), vd));
-            if (p.softcap > 0) g_s = S::mul(g_s, S::sub(S::set1(1.0f), S::mul(S::load(th + o), S::load(th + o))));
+            if (p.softcap > 0) g_s = S::mul(g_s, S::load(th + o));
             S::store(ds + o, S::mul(g_s, vscale));
           }
         }

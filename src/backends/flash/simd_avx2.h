@@ -52,6 +52,14 @@ struct SimdAvx2 {
     // NaN lanes pass (unordered compare true).
     return _mm256_and_ps(r, _mm256_cmp_ps(x, set1(kExpUnderflow), _CMP_NLT_UQ));
   }
+  // 1 - tanh(x)^2 = u (2 - u) with u = 1 - |tanh x| = 2 / (exp(2|x|) + 1):
+  // near the softcap (|tanh| -> 1) the textbook 1 - t*t subtracts two nearly
+  // equal numbers and keeps only the rounding of t; u carries full precision.
+  static V sech2(V x) {
+    const V e = exp(_mm256_mul_ps(_mm256_andnot_ps(set1(-0.0f), x), set1(2.0f)));
+    const V u = _mm256_div_ps(set1(2.0f), _mm256_add_ps(e, set1(1.0f)));
+    return _mm256_mul_ps(u, _mm256_sub_ps(set1(2.0f), u));
+  }
   static V tanh(V x) {
     // tanh|x| = 1 - 2 / (exp(2|x|) + 1); sign restored from x.
     const V sign = _mm256_and_ps(x, set1(-0.0f));

@@ -42,6 +42,14 @@ struct SimdAvx512 {
     const V r = _mm512_scalef_ps(p, n);
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(kExpUnderflow), _CMP_NLT_UQ), r);
   }
+  // 1 - tanh(x)^2 = u (2 - u) with u = 1 - |tanh x| = 2 / (exp(2|x|) + 1):
+  // near the softcap (|tanh| -> 1) the textbook 1 - t*t subtracts two nearly
+  // equal numbers and keeps only the rounding of t; u carries full precision.
+  static V sech2(V x) {
+    const V e = exp(_mm512_mul_ps(_mm512_abs_ps(x), set1(2.0f)));
+    const V u = _mm512_div_ps(set1(2.0f), _mm512_add_ps(e, set1(1.0f)));
+    return _mm512_mul_ps(u, _mm512_sub_ps(set1(2.0f), u));
+  }
   static V tanh(V x) {
     const V ax = _mm512_abs_ps(x);
     const V e = exp(_mm512_mul_ps(ax, set1(2.0f)));

@@ -27,6 +27,11 @@ struct SimdScalar {
   // exp(x) with exp(-inf) = 0 exactly (masked scores must vanish).
   static V exp(V x) { return std::exp(x); }
   static V tanh(V x) { return std::tanh(x); }
+  // 1 - tanh(x)^2 without the cancellation of 1 - t*t near |t| = 1 (see simd_avx2.h).
+  static V sech2(V x) {
+    const V u = 2.0f / (std::exp(2.0f * std::abs(x)) + 1.0f);
+    return u * (2.0f - u);
+  }
 };
 
 }  // namespace attend::flash

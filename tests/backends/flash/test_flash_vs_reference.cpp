@@ -148,6 +148,24 @@ std::vector<FlashCase> cases() {
   c.wl = c.wr = 0;
   c.scale = 8 / std::sqrt(96.0);
   v.push_back(c);
+  // dV and dK summed over many query rows and the heads of a group.
+  c = make("many_rows_2048x64_d64_v512_mqa", 2048, 64, 64, 512);
+  c.heads = 4;
+  c.heads_kv = 1;
+  v.push_back(c);
+  // Softcap with logits near the cap: FlashAttention's q * softcap, as the scale.
+  c = make("softcap_30_near_cap_gqa", 113, 203, 128, 128);
+  c.softcap = 30;
+  c.scale = 30 / std::sqrt(128.0);
+  c.heads = 4;
+  c.heads_kv = 2;
+  v.push_back(c);
+  c = make("softcap_30_far_past_cap_mqa", 113, 203, 64, 64);
+  c.softcap = 30;
+  c.scale = 60 / std::sqrt(64.0);
+  c.heads = 4;
+  c.heads_kv = 1;
+  v.push_back(c);
   // Everything at once.
   c = make("combined", 100, 157, 96, 80);
   c.causal = true;
