@@ -32,32 +32,30 @@
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
-// D_i = rowsum(dO_i * O_i) of the softmax gradient dS = P (dP - D), for rows
-// [0, m) (dO f32 with row stride ldd, O of element type E with row stride lds),
-// summed in the order of a dP = dO V^T GEMM lane: a row that sees a single key
-// has O = v exactly, so D then equals its dP bit for bit and its dS, dq and dk
-// are exactly 0, as in a textbook D = sum_j P dP. (Summed in another order the
-// two differ by rounding, ~eps |dO| |v| sqrt(Dv), and that noise would be all
-// such a row's gradient holds.) Independent rows are interleaved: each sum is a
-// chain of dependent fused multiply-adds.
+// dO . O summed in the order of a dP = dO V^T GEMM lane: fused multiply-adds
+// over the head dim, from 0. See softmax_grad_rows.
 template <class S, class E>
-inline void softmax_grad_rows(const float* dout, std::int64_t ldd, const E* out, std::int64_t lds, std::int64_t m,
-                              std::int64_t dv, float* dsum) {
-  constexpr int kChains = 4;
-  std::int64_t r = 0;
-  for (; r + kChains <= m; r += kChains) {
-    float acc[kChains] = {};
-    for (std::int64_t d = 0; d < dv; ++d) {
-      for (int c = 0; c < kChains; ++c) {
-        acc[c] = S::fmadd1(dout[(r + c) * ldd + d], detail::to_f32(out[(r + c) * lds + d]), acc[c]);
-      }
-    }
-    std::copy(acc, acc + kChains, dsum + r);
-  }
-  for (; r < m; ++r) {
-    float acc = 0.0f;
-    for (std::int64_t d = 0; d < dv; ++d) acc = S::fmadd1(dout[r * ldd + d], detail::to_f32(out[r * lds + d]), acc);
-    dsum[r] = acc;
+inline float lane_dot(const float* a, const E* b, std::int64_t n) {
+  float acc = 0.0f;
+  for (std::int64_t d = 0; d < n; ++d) acc = S::fmadd1(a[d], detail::to_f32(b[d]), acc);
+  return acc;
+}
+
+// D_i = rowsum(dO_i * O_i) of the softmax gradient dS = P (dP - D) for the m
+// rows from query i0 (dO f32 with row stride ldd, O of element type E with row
+// stride lds). A row that sees a single key has O = v exactly; its D is summed
+// in the dP GEMM lane's order, so that D equals its dP bit for bit and its dS,
+// dq and dk are exactly 0, as with a textbook D = sum_j P dP. (The vector dot
+// sums in another order, and the two differed by ~eps |dO| |v| sqrt(Dv), which
+// was all such a row's gradient held.) Other rows keep the vector dot.
+template <class S, class E>
+inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0,
+                              const float* dout, std::int64_t ldd, const E* out, std::int64_t lds, std::int64_t m,
+                              float* dsum) {
+  for (std::int64_t r = 0; r < m; ++r) {
+    const detail::KeyRange vis = p.keys(i0 + r, span);
+    const float* a = dout + r * ldd;
+    dsum[r] = vis.end - vis.begin == 1 ? lane_dot<S>(a, out + r * lds, p.dv) : dot<S>(a, out + r * lds, p.dv);
   }
   nan_unless_finite(dsum, m);
 }
@@ -183,7 +181,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         const std::int64_t row0 = span.q_begin + i0;
         padded_rows<S>(p.q_as<E>() + p.sq.offset(b, row0, h), p.sq.s, m, dqk, dqp, qblk);
         padded_rows<S>(p.dout_as<E>() + p.sdo.offset(b, row0, h), p.sdo.s, m, dv, dvp, doblk);
-        softmax_grad_rows<S>(doblk, dvp, p.out_as<E>() + p.so.offset(b, row0, h), p.so.s, m, dv, dsum);
+        softmax_grad_rows<S>(p, span, i0, doblk, dvp, p.out_as<E>() + p.so.offset(b, row0, h), p.so.s, m, dsum);
         for (std::int64_t r = 0; r < m; ++r) lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
 
         // Recompute logits exactly as the forward did, then P = exp(s - LSE).
