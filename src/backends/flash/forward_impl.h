@@ -25,6 +25,30 @@
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
+// Key j of a block: krow = scale * k (the very products the backward's
+// scale * K^T holds: see forward_block), vrow = v widened and zero-padded to
+// dvp. Returns bad + v * 0, which is NaN once any v of the block is not finite
+// (checked while the row is in registers anyway).
+template <class S, class E>
+inline typename S::V pack_kv_row(const E* k, const E* v, std::int64_t dqk, std::int64_t dv, std::int64_t dvp,
+                                 float scale, float* krow, float* vrow, typename S::V bad) {
+  using V = typename S::V;
+  const V vscale = S::set1(scale), zero = S::zero();
+  std::int64_t d = 0;
+  for (; d + S::W <= dqk; d += S::W) S::store(krow + d, S::mul(detail::load_f32<S>(k + d), vscale));
+  for (; d < dqk; ++d) krow[d] = detail::to_f32(k[d]) * scale;
+  for (d = 0; d + S::W <= dv; d += S::W) {
+    const V x = detail::load_f32<S>(v + d);
+    S::store(vrow + d, x);
+    bad = S::fmadd(x, zero, bad);
+  }
+  if (d < dvp) {  // the last partial vector: dvp - d == W
+    for (std::int64_t t = d; t < dvp; ++t) vrow[t] = t < dv ? detail::to_f32(v[t]) : 0.0f;
+    bad = S::fmadd(S::load(vrow + d), zero, bad);
+  }
+  return bad;
+}
+
 template <class S, class E>
 void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) {
   using Tr = KernelTraits<S>;
@@ -60,16 +84,12 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   // then formed from the same products in the same order in both passes, the
   // backward's P = exp(s - LSE) is exactly the forward's (1 for a row that sees
   // one key), and dV = P^T dO carries no extra rounding of the scores.
-  const V vscale = S::set1(p.scale);
   for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
     const std::int64_t n = std::min(BN, last.end - j0);
+    V v_bad = S::zero();
     for (std::int64_t j = 0; j < n; ++j) {
-      float* krow = kblk + j * dqk;
-      copy_row<S>(p.k_row<E>(b, span, j0 + j, hk), dqk, krow, dqk);
-      std::int64_t d = 0;
-      for (; d + S::W <= dqk; d += S::W) S::store(krow + d, S::mul(S::load(krow + d), vscale));
-      for (; d < dqk; ++d) krow[d] *= p.scale;
-      copy_row<S>(p.v_row<E>(b, span, j0 + j, hk), dv, vblk + j * dvp, dvp);
+      v_bad = pack_kv_row<S>(p.k_row<E>(b, span, j0 + j, hk), p.v_row<E>(b, span, j0 + j, hk), dqk, dv, dvp, p.scale,
+                             kblk + j * dqk, vblk + j * dvp, v_bad);
     }
     // Rows of one head are H*D floats apart, too far for the hardware
     // prefetchers: ask for the next block while this one is computed.
@@ -104,7 +124,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
 
     // A NaN or infinite v would reach the masked queries through their zero
     // weights in the GEMM (nonfinite_tile.h).
-    if (tile_finite<S>(vblk, n, dvp, dvp)) {
+    if (S::reduce_add(v_bad) == 0.0f) {
       gemm<S, Tr::mr, Tr::nv>(mc, dvp, n, MatA{sc, 1, BM}, vblk, dvp, acc + c0 * dvp, dvp, true);
     } else {
       visible_pv<S, E>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, dvp, 1);
