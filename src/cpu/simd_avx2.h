@@ -21,6 +21,10 @@ struct SimdAvx2 {
   static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  // One lane of fmadd: sums formed element by element round exactly as a GEMM lane does.
+  static float fmadd1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+  }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
   static float reduce_add(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -47,6 +51,14 @@ struct SimdAvx2 {
     // Below the clamp the true value is < 2^-126: flush to an exact 0 (masked = -inf);
     // NaN lanes pass (unordered compare true).
     return _mm256_and_ps(r, _mm256_cmp_ps(x, set1(kExpUnderflow), _CMP_NLT_UQ));
+  }
+  // 1 - tanh(x)^2 = u (2 - u) with u = 1 - |tanh x| = 2 / (exp(2|x|) + 1):
+  // near the softcap (|tanh| -> 1) the textbook 1 - t*t subtracts two nearly
+  // equal numbers and keeps only the rounding of t; u carries full precision.
+  static V sech2(V x) {
+    const V e = exp(_mm256_mul_ps(_mm256_andnot_ps(set1(-0.0f), x), set1(2.0f)));
+    const V u = _mm256_div_ps(set1(2.0f), _mm256_add_ps(e, set1(1.0f)));
+    return _mm256_mul_ps(u, _mm256_sub_ps(set1(2.0f), u));
   }
   static V tanh(V x) {
     // tanh|x| = 1 - 2 / (exp(2|x|) + 1); sign restored from x.

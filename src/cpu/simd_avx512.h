@@ -23,6 +23,10 @@ struct SimdAvx512 {
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  // One lane of fmadd: sums formed element by element round exactly as a GEMM lane does.
+  static float fmadd1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+  }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
   static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
@@ -37,6 +41,14 @@ struct SimdAvx512 {
     for (int i = kExp2Degree - 1; i >= 0; --i) p = _mm512_fmadd_ps(p, f, set1(kExp2C[i]));
     const V r = _mm512_scalef_ps(p, n);
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(kExpUnderflow), _CMP_NLT_UQ), r);
+  }
+  // 1 - tanh(x)^2 = u (2 - u) with u = 1 - |tanh x| = 2 / (exp(2|x|) + 1):
+  // near the softcap (|tanh| -> 1) the textbook 1 - t*t subtracts two nearly
+  // equal numbers and keeps only the rounding of t; u carries full precision.
+  static V sech2(V x) {
+    const V e = exp(_mm512_mul_ps(_mm512_abs_ps(x), set1(2.0f)));
+    const V u = _mm512_div_ps(set1(2.0f), _mm512_add_ps(e, set1(1.0f)));
+    return _mm512_mul_ps(u, _mm512_sub_ps(set1(2.0f), u));
   }
   static V tanh(V x) {
     const V ax = _mm512_abs_ps(x);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -18,6 +19,7 @@ struct FeatureCase {
   bool causal = false;
   std::int64_t wl = -1, wr = -1;
   double softcap = 0;
+  std::optional<double> scale;  // default 1/sqrt(dqk)
   bool alibi = false, bias = false;
   double dropout = 0;
   Layout layout = Layout::bshd;
@@ -37,6 +39,7 @@ struct FeatureCase {
     s.window_left = wl;
     s.window_right = wr;
     s.softcap = softcap;
+    s.scale = scale;
     s.alibi = alibi;
     s.has_bias = bias;
     s.dropout_p = dropout;

@@ -130,16 +130,19 @@ struct RowSink {
   bool direct;
   void write(std::int64_t r, const float* acc, float m, float l) const {
     const std::int64_t i = r / p.group, h = hk * p.group + r % p.group;
-    const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
-    const float lse = l > 0 ? m + std::log(l) : kNegInf;
+    // l = 0: an empty row (no visible key, or every logit -inf) has O = 0 and
+    // LSE = -inf whatever it met; a NaN sum (NaN or +inf logit) makes both NaN.
+    const bool empty = l == 0.0f;
+    const float inv = empty ? 0.0f : 1.0f / l;
+    const float lse = empty ? kNegInf : m + std::log(l);
     if (direct) {
       const std::int64_t row = p.span(b).q_begin + i;
       E* dst = static_cast<E*>(p.out) + p.so.offset(b, row, h);
-      for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = detail::from_f32<E>(acc[d] * inv);
+      for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = detail::from_f32<E>(empty ? 0.0f : acc[d] * inv);
       p.lse[p.slse.offset(b, row, h)] = lse;
     } else {
       float* dst = p.partial_out(b, hk, split) + r * p.plan.dvp;
-      for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = acc[d] * inv;
+      for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = empty ? 0.0f : acc[d] * inv;
       p.partial_lse(b, hk, split)[r] = lse;
     }
   }
@@ -209,15 +212,13 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
         finish_row<E>(p, b, hk * g + r % g, i, j0, lo, hi, sr);
       }
       // Online softmax. A row with nothing visible yet keeps max = -inf and
-      // gets P = 0 (exp of -inf is exactly 0 in every Simd::exp).
+      // gets P = 0: it subtracts max(max, -FLT_MAX), and exp(-inf) is exactly
+      // 0 in every Simd::exp. (A max that dropped a NaN logit still leaves
+      // exp(NaN) = NaN in the sum.)
       V mx = Simd::load(sr);
       for (std::int64_t c = W; c < kBlockN; c += W) mx = Simd::max(mx, Simd::load(sr + c));
       const float new_max = std::max(st.row_max[r], Simd::reduce_max(mx));
-      if (new_max == kNegInf) {
-        std::fill(sr, sr + kBlockN, 0.0f);
-        continue;
-      }
-      const V shift = Simd::set1(new_max);
+      const V shift = Simd::set1(std::max(new_max, std::numeric_limits<float>::lowest()));
       V sum = Simd::zero();
       for (std::int64_t c = 0; c < kBlockN; c += W) {
         const V e = Simd::exp(Simd::sub(Simd::load(sr + c), shift));
@@ -237,15 +238,31 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
       if (p.dropout) {
         const std::int64_t h = hk * g + r % g;
         for (std::int64_t c = lo; c < hi; ++c) {
-          sr[c] = p.dropout_mask.keep(b, h, i + p.mask.q_offset, j0 + c + p.mask.kv_offset) ? sr[c] * p.dropout_scale
-                                                                                            : 0.0f;
+          // NaN * 0 stays NaN; drawn at global positions (q_offset + i, kv_offset + j).
+          sr[c] *= p.dropout_mask.keep(b, h, i + p.mask.q_offset, j0 + c + p.mask.kv_offset) ? p.dropout_scale : 0.0f;
         }
       }
     }
   }
+  // A row that sees only part of the block takes its keys alone: a zero weight
+  // times a NaN or infinite v of a masked key would poison it (0 * NaN = NaN).
+  const auto partial = [&](std::int64_t r) {
+    const detail::KeyRange vis = p.keys(b, r / g);
+    return vis.begin > j0 || vis.end < j0 + n;
+  };
   std::int64_t r = 0;
-  for (; r + 2 <= m; r += 2) pv_rows<2>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
-  if (r < m) pv_rows<1>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
+  while (r < m) {
+    if (r + 2 <= m && !partial(r) && !partial(r + 1)) {
+      pv_rows<2>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
+      r += 2;
+      continue;
+    }
+    const detail::KeyRange vis = p.keys(b, r / g);
+    const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
+    const std::int64_t hi = std::clamp<std::int64_t>(vis.end - j0, lo, n);
+    if (hi > lo) pv_rows<1>(st.s + r * kBlockN + lo, vr + lo, hi - lo, p.dv, st.acc + r * lda, lda);
+    ++r;
+  }
 }
 
 // One split of sequence b for kv heads [hk0, hk1): the heads advance through

@@ -138,7 +138,7 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   float* dv_acc = dk_acc + BN * dqp;                        // BN x dvp
   float* pt = dv_acc + BN * dvp + BM * dqp + BM * dvp;      // BM x BN   P, then P'
   float* ds = pt + BM * BN;                                 // BM x BN   dP, then scale * dS
-  float* th = ds + BM * BN;                                 // BM x BN   tanh (softcap only)
+  float* th = ds + BM * BN;                                 // BM x BN   1 - tanh^2 (softcap only)
   float* dq_tile = th + BM * BN;                            // BM x dqp
   float* dsum = dq_tile + BM * dqp;                         // BM
   float* lse = dsum + BM;                                   // BM
@@ -188,9 +188,12 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
                            p.out_as<bf16_t>() + p.so.offset(b, row0 + r, h), dv);
           lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         }
+        nan_unless_finite(dsum, m);
 
         // S = Q K^T (scaled in f32), final logits, P = exp(s - LSE); padding rows 0.
+        // Non-finite inputs show in S, dP, the LSE or D (backward_impl.h).
         gemm(mp, np, kq, qb, kq, kt2, np, pt, BN, false);
+        bool finite = tile_finite<S>(pt, m, np, BN) && lse_and_d_clean(lse, dsum, m);
         const V vscale = S::set1(p.scale);
         for (std::int64_t r = 0; r < m; ++r) {
           for (std::int64_t j = 0; j < np; j += S::W) S::store(pt + r * BN + j, S::mul(S::load(pt + r * BN + j), vscale));
@@ -209,6 +212,7 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
 
         // dP = dO V^T (* keep/(1-p)); scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
         gemm(mp, np, kv, dob, kv, vt2, np, ds, BN, false);
+        finite = finite && tile_finite<S>(ds, m, np, BN);
         const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, np};
         if (p.dropout) apply_dropout(p, dtile);
         for (std::int64_t r = 0; r < mp; ++r) {
@@ -220,13 +224,19 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
           for (std::int64_t j = 0; j < np; j += S::W) {
             const std::int64_t o = r * BN + j;
             V g_s = S::mul(S::load(pt + o), S::sub(S::load(ds + o), vd));
-            if (p.softcap > 0) g_s = S::mul(g_s, S::sub(S::set1(1.0f), S::mul(S::load(th + o), S::load(th + o))));
+            if (p.softcap > 0) g_s = S::mul(g_s, S::load(th + o));
             S::store(ds + o, S::mul(g_s, vscale));
           }
         }
         if (p.dropout) apply_dropout(p, tile);  // P -> P' for dV
 
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ = (scale dS) K
+        if (!finite) {
+          visible_tile_products<S, bf16_t>(p, b, h, span, i0, m, j0, n, pt, ds, BN, lse, dv_acc, dvp, dk_acc, dqp,
+                                           dq_tile);
+          add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
+          continue;
+        }
         pair_columns(pt, BN, mp / 2, np, pT2, BM / 2);
         pair_columns(ds, BN, mp / 2, np, dsT2, BM / 2);
         gemm(np, dvp, round_up(mp / 2, 16), pT2, BM / 2, do2, dvp, dv_acc, dvp, true);

@@ -5,7 +5,7 @@
 // identical for any thread count, with no atomics and no O(seqlen) buffers.
 //
 // K^T, V^T and K are packed once per key block (the softmax scale folded into
-// K^T); Q and dO rows are copied into contiguous blocks per query block (rows
+// K^T, as the forward folds it into K, so that both form the same scores); Q and dO rows are copied into contiguous blocks per query block (rows
 // of one head sit H*D floats apart in the user's tensor, which makes in-place
 // GEMM loads conflict in L1). The transposed products (P'^T dO, dS^T Q) read
 // the P and dS tiles through the GEMM's strided A operand — no tile transposes.
@@ -28,8 +28,37 @@
 
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
+#include "backends/flash/nonfinite_tile.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
+
+// dO . O summed in the order of a dP = dO V^T GEMM lane: fused multiply-adds
+// over the head dim, from 0. See softmax_grad_rows.
+template <class S, class E>
+inline float lane_dot(const float* a, const E* b, std::int64_t n) {
+  float acc = 0.0f;
+  for (std::int64_t d = 0; d < n; ++d) acc = S::fmadd1(a[d], detail::to_f32(b[d]), acc);
+  return acc;
+}
+
+// D_i = rowsum(dO_i * O_i) of the softmax gradient dS = P (dP - D) for the m
+// rows from query i0 (dO f32 with row stride ldd, O of element type E with row
+// stride lds). A row that sees a single key has O = v exactly; its D is summed
+// in the dP GEMM lane's order, so that D equals its dP bit for bit and its dS,
+// dq and dk are exactly 0, as with a textbook D = sum_j P dP. (The vector dot
+// sums in another order, and the two differed by ~eps |dO| |v| sqrt(Dv), which
+// was all such a row's gradient held.) Other rows keep the vector dot.
+template <class S, class E>
+inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0,
+                              const float* dout, std::int64_t ldd, const E* out, std::int64_t lds, std::int64_t m,
+                              float* dsum) {
+  for (std::int64_t r = 0; r < m; ++r) {
+    const detail::KeyRange vis = p.keys(i0 + r, span);
+    const float* a = dout + r * ldd;
+    dsum[r] = vis.end - vis.begin == 1 ? lane_dot<S>(a, out + r * lds, p.dv) : dot<S>(a, out + r * lds, p.dv);
+  }
+  nan_unless_finite(dsum, m);
+}
 
 // `rows` rows of `cols` elements (stride ld) widened into a zero-padded [rows x ldp] f32 block
 // (vector widening: this runs once per key block and query block).
@@ -136,7 +165,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
   float* doblk = qblk + BM * dqp;      // BM x dvp   dO rows
   float* pt = doblk + BM * dvp;        // BM x BN    P, then P'
   float* ds = pt + BM * BN;            // BM x BN    dP, then scale * dS
-  float* th = ds + BM * BN;            // BM x BN    tanh (softcap only)
+  float* th = ds + BM * BN;            // BM x BN    1 - tanh^2 (softcap only)
   float* dq_tile = th + BM * BN;       // BM x dqp
   float* dsum = dq_tile + BM * dqp;    // BM         D_i = dO_i . O_i
   float* lse = dsum + BM;              // BM
@@ -166,13 +195,15 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         const std::int64_t row0 = span.q_begin + i0;
         padded_rows<S>(p.q_as<E>() + p.sq.offset(b, row0, h), p.sq.s, m, dqk, dqp, qblk);
         padded_rows<S>(p.dout_as<E>() + p.sdo.offset(b, row0, h), p.sdo.s, m, dv, dvp, doblk);
-        for (std::int64_t r = 0; r < m; ++r) {
-          dsum[r] = dot<S>(doblk + r * dvp, p.out_as<E>() + p.so.offset(b, row0 + r, h), dv);
-          lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
-        }
+        softmax_grad_rows<S>(p, span, i0, doblk, dvp, p.out_as<E>() + p.so.offset(b, row0, h), p.so.s, m, dsum);
+        for (std::int64_t r = 0; r < m; ++r) lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
 
         // Recompute logits exactly as the forward did, then P = exp(s - LSE).
+        // A non-finite q or k shows in the raw scores, dO or v in dP, a bad
+        // logit term in the LSE: any of them sends the tile to the visible-pair
+        // products (nonfinite_tile.h).
         gemm<S, MR, NV>(m, n_pad, dqk, MatA{qblk, dqp, 1}, kt, BN, pt, BN, false);
+        bool finite = tile_finite<S>(pt, m, n_pad, BN) && lse_and_d_clean(lse, dsum, m);
         const Tile tile{b, h, i0, m, j0, n, span, pt, BN, false, m, n_pad};
         finish_logits<S, E>(p, tile, p.softcap > 0 ? th : nullptr);
         for (std::int64_t r = 0; r < m; ++r) {
@@ -187,6 +218,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
 
         // dP = (dO V^T) * keep/(1-p);  scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
         gemm<S, MR, NV>(m, n_pad, dv, MatA{doblk, dvp, 1}, vt, BN, ds, BN, false);
+        finite = finite && tile_finite<S>(ds, m, n_pad, BN);
         const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, n_pad};
         if (p.dropout) apply_dropout(p, dtile);
         const V vscale = S::set1(p.scale);
@@ -195,16 +227,20 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
           for (std::int64_t j = 0; j < n_pad; j += S::W) {
             const std::int64_t o = r * BN + j;
             V g_s = S::mul(S::load(pt + o), S::sub(S::load(ds + o), vd));
-            if (p.softcap > 0) g_s = S::mul(g_s, S::sub(S::set1(1.0f), S::mul(S::load(th + o), S::load(th + o))));
+            if (p.softcap > 0) g_s = S::mul(g_s, S::load(th + o));
             S::store(ds + o, S::mul(g_s, vscale));
           }
         }
         if (p.dropout) apply_dropout(p, tile);  // P -> P' for dV
 
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ += (scale dS) K
-        gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, doblk, dvp, dv_acc, dvp, true);
-        gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, qblk, dqp, dk_acc, dqp, true);
-        gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, kblk, dqp, dq_tile, dqp, false);
+        if (finite) {
+          gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, doblk, dvp, dv_acc, dvp, true);
+          gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, qblk, dqp, dk_acc, dqp, true);
+          gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, kblk, dqp, dq_tile, dqp, false);
+        } else {
+          visible_tile_products<S, E>(p, b, h, span, i0, m, j0, n, pt, ds, BN, lse, dv_acc, dvp, dk_acc, dqp, dq_tile);
+        }
         add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
       }
     }

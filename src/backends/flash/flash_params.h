@@ -66,15 +66,16 @@ struct FlashParams : detail::KernelProblem {
   float slope(std::int64_t b, std::int64_t h) const { return slopes(b, h); }
 };
 
-// Writes one output row: acc[d] * inv in the output's dtype (E, or f32 for a partial).
+// Writes one output row: acc[d] * inv in the output's dtype (E, or f32 for a
+// partial); an empty row is 0 whatever its accumulator met.
 template <class E>
-inline void store_out_row(const FlashParams& p, std::int64_t offset, const float* acc, float inv) {
+inline void store_out_row(const FlashParams& p, std::int64_t offset, const float* acc, float inv, bool empty) {
   if (p.out_f32) {
     float* dst = p.out_as<float>() + offset;
-    for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = acc[d] * inv;
+    for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = empty ? 0.0f : acc[d] * inv;
   } else {
     E* dst = p.out_as<E>() + offset;
-    for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = detail::from_f32<E>(acc[d] * inv);
+    for (std::int64_t d = 0; d < p.dv; ++d) dst[d] = detail::from_f32<E>(empty ? 0.0f : acc[d] * inv);
   }
 }
 

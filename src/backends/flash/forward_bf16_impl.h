@@ -139,7 +139,10 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
         _mm512_storeu_si512(pt2 + pp * BM + c, pack_pairs(_mm512_loadu_ps(lo + c), h16));
       }
     }
-    if constexpr (kAmx) {
+    // A NaN or infinite v would reach masked queries through the GEMM (nonfinite_tile.h).
+    if (!rows_finite<S, bf16_t>(n, dv, [&](std::int64_t j) { return p.v_row<bf16_t>(b, span, j0 + j, hk); })) {
+      visible_pv<S, bf16_t>(p, b, hk, span, i0, 0, m, j0, n, st, BM, acc, kAmx ? 1 : dvp, kAmx ? BM : 1);
+    } else if constexpr (kAmx) {
       // V^T as pairs of keys: vt[d][p] = (v[2p][d], v[2p+1][d]), built 16 x 16
       // words at a time from vv2's rows and transposed in registers.
       const std::int64_t npp = round_up(np, 16);
@@ -163,9 +166,9 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
 
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
-    const float l = row_sum[r];
-    const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
-    const auto at = [&](std::int64_t d) { return (kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * inv; };
+    const RowEnd e = row_end(row_max[r], row_sum[r]);
+    // An empty row is 0 whatever its accumulator met (docs/semantics.md, non-finite inputs).
+    const auto at = [&](std::int64_t d) { return e.empty ? 0.0f : (kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * e.inv; };
     if (p.out_f32) {  // a forward partial (spec.out_dtype = f32)
       float* dst = p.out_as<float>() + p.so.offset(b, row, h);
       for (std::int64_t d = 0; d < dv; ++d) dst[d] = at(d);
@@ -173,7 +176,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
       bf16_t* dst = p.out_as<bf16_t>() + p.so.offset(b, row, h);
       for (std::int64_t d = 0; d < dv; ++d) dst[d] = bf16_t(at(d));
     }
-    p.lse[p.slse.offset(b, row, h)] = l > 0 ? row_max[r] + std::log(l) : kNegInf;
+    p.lse[p.slse.offset(b, row, h)] = e.lse;
   }
   // Back to the init state: the OS then need not save this thread's tile data.
   if constexpr (kAmx) _tile_release();

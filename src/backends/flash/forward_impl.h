@@ -21,8 +21,33 @@
 
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
+#include "backends/flash/nonfinite_tile.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
+
+// Key j of a block: krow = scale * k (the very products the backward's
+// scale * K^T holds: see forward_block), vrow = v widened and zero-padded to
+// dvp. Returns bad + v * 0, which is NaN once any v of the block is not finite
+// (checked while the row is in registers anyway).
+template <class S, class E>
+inline typename S::V pack_kv_row(const E* k, const E* v, std::int64_t dqk, std::int64_t dv, std::int64_t dvp,
+                                 float scale, float* krow, float* vrow, typename S::V bad) {
+  using V = typename S::V;
+  const V vscale = S::set1(scale), zero = S::zero();
+  std::int64_t d = 0;
+  for (; d + S::W <= dqk; d += S::W) S::store(krow + d, S::mul(detail::load_f32<S>(k + d), vscale));
+  for (; d < dqk; ++d) krow[d] = detail::to_f32(k[d]) * scale;
+  for (d = 0; d + S::W <= dv; d += S::W) {
+    const V x = detail::load_f32<S>(v + d);
+    S::store(vrow + d, x);
+    bad = S::fmadd(x, zero, bad);
+  }
+  if (d < dvp) {  // the last partial vector: dvp - d == W
+    for (std::int64_t t = d; t < dvp; ++t) vrow[t] = t < dv ? detail::to_f32(v[t]) : 0.0f;
+    bad = S::fmadd(S::load(vrow + d), zero, bad);
+  }
+  return bad;
+}
 
 template <class S, class E>
 void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) {
@@ -35,8 +60,8 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   if (m <= 0) return;
   const std::int64_t mp = round_up(m, S::W), hk = h / p.group, dqk = p.dqk, dv = p.dv, dvp = round_up(dv, S::W);
 
-  float* qt = scratch;                 // dqk x BM: scale * Q^T, zero-padded columns
-  float* kblk = qt + dqk * BM;         // BN x dqk: K block
+  float* qt = scratch;                 // dqk x BM: Q^T, zero-padded columns
+  float* kblk = qt + dqk * BM;         // BN x dqk: scale * K block
   float* vblk = kblk + BN * dqk;       // BN x dvp: V block, zero-padded columns
   float* st = vblk + BN * dvp;         // BN x BM: S^T, then P^T
   float* acc = st + BN * BM;           // BM x dvp: output accumulator
@@ -46,7 +71,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
 
   for (std::int64_t r = 0; r < mp; ++r) {
     const E* src = r < m ? p.q_as<E>() + p.sq.offset(b, span.q_begin + i0 + r, h) : nullptr;
-    for (std::int64_t d = 0; d < dqk; ++d) qt[d * BM + r] = src ? detail::to_f32(src[d]) * p.scale : 0.0f;
+    for (std::int64_t d = 0; d < dqk; ++d) qt[d * BM + r] = src ? detail::to_f32(src[d]) : 0.0f;
     row_max[r] = kNegInf;
     row_sum[r] = 0.0f;
   }
@@ -55,11 +80,16 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   // Keys any row of the block can see: visible ranges only grow with i.
   const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
   const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
+  // The scale goes on K, as in the backward's S = Q (scale K)^T: each score is
+  // then formed from the same products in the same order in both passes, the
+  // backward's P = exp(s - LSE) is exactly the forward's (1 for a row that sees
+  // one key), and dV = P^T dO carries no extra rounding of the scores.
   for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
     const std::int64_t n = std::min(BN, last.end - j0);
+    V v_bad = S::zero();
     for (std::int64_t j = 0; j < n; ++j) {
-      copy_row<S>(p.k_row<E>(b, span, j0 + j, hk), dqk, kblk + j * dqk, dqk);
-      copy_row<S>(p.v_row<E>(b, span, j0 + j, hk), dv, vblk + j * dvp, dvp);
+      v_bad = pack_kv_row<S>(p.k_row<E>(b, span, j0 + j, hk), p.v_row<E>(b, span, j0 + j, hk), dqk, dv, dvp, p.scale,
+                             kblk + j * dqk, vblk + j * dvp, v_bad);
     }
     // Rows of one head are H*D floats apart, too far for the hardware
     // prefetchers: ask for the next block while this one is computed.
@@ -92,15 +122,20 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     // Dropout acts on P after the sums: LSE and normalisation are pre-dropout.
     if (p.dropout) apply_dropout(p, tile);
 
-    gemm<S, Tr::mr, Tr::nv>(mc, dvp, n, MatA{sc, 1, BM}, vblk, dvp, acc + c0 * dvp, dvp, true);
+    // A NaN or infinite v would reach the masked queries through their zero
+    // weights in the GEMM (nonfinite_tile.h).
+    if (S::reduce_add(v_bad) == 0.0f) {
+      gemm<S, Tr::mr, Tr::nv>(mc, dvp, n, MatA{sc, 1, BM}, vblk, dvp, acc + c0 * dvp, dvp, true);
+    } else {
+      visible_pv<S, E>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, dvp, 1);
+    }
   }
 
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
-    const float l = row_sum[r];
-    const float inv = l > 0 ? 1.0f / l : 0.0f;  // empty row: O = 0, LSE = -inf
-    store_out_row<E>(p, p.so.offset(b, row, h), acc + r * dvp, inv);
-    p.lse[p.slse.offset(b, row, h)] = l > 0 ? row_max[r] + std::log(l) : kNegInf;
+    const RowEnd e = row_end(row_max[r], row_sum[r]);
+    store_out_row<E>(p, p.so.offset(b, row, h), acc + r * dvp, e.inv, e.empty);
+    p.lse[p.slse.offset(b, row, h)] = e.lse;
   }
 }
 

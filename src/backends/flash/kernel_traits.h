@@ -64,7 +64,7 @@ constexpr std::int64_t backward_scratch_floats(std::int64_t dqk, std::int64_t dv
          + T::bwd_n * dvp            // dV accumulator
          + T::bwd_m * dqp            // Q block
          + T::bwd_m * dvp            // dO block
-         + 3 * T::bwd_m * T::bwd_n   // P, dS, tanh (softcap)
+         + 3 * T::bwd_m * T::bwd_n   // P, dS, 1 - tanh^2 (softcap)
          + T::bwd_m * dqp            // dQ tile
          + 2 * T::bwd_m              // D, LSE
          + 64;

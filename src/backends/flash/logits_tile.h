@@ -29,24 +29,24 @@ struct Tile {
   float& at(std::int64_t i, std::int64_t j) const { return key_major ? s[j * ld + i] : s[i * ld + j]; }
 };
 
-// softcap * tanh(s / softcap) over the whole stored extent; tanh kept in
-// `tanh_out` (same layout) when the backward needs its derivative.
+// softcap * tanh(s / softcap) over the whole stored extent; its derivative
+// 1 - tanh^2 kept in `dcap` (same layout) when the backward needs it.
 template <class S>
-inline void apply_softcap(const FlashParams& p, const Tile& t, float* tanh_out) {
+inline void apply_softcap(const FlashParams& p, const Tile& t, float* dcap) {
   const typename S::V inv = S::set1(1.0f / p.softcap), cap = S::set1(p.softcap);
   for (std::int64_t r = 0; r < t.rows; ++r) {
     for (std::int64_t c = 0; c < t.cols; c += S::W) {
-      const typename S::V th = S::tanh(S::mul(S::load(t.s + r * t.ld + c), inv));
-      if (tanh_out) S::store(tanh_out + r * t.ld + c, th);
-      S::store(t.s + r * t.ld + c, S::mul(th, cap));
+      const typename S::V x = S::mul(S::load(t.s + r * t.ld + c), inv);
+      if (dcap) S::store(dcap + r * t.ld + c, S::sech2(x));
+      S::store(t.s + r * t.ld + c, S::mul(S::tanh(x), cap));
     }
   }
 }
 
 template <class S, class E>
-inline void finish_logits(const FlashParams& p, const Tile& t, float* tanh_out) {
+inline void finish_logits(const FlashParams& p, const Tile& t, float* dcap) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  if (p.softcap > 0) apply_softcap<S>(p, t, tanh_out);
+  if (p.softcap > 0) apply_softcap<S>(p, t, dcap);
   const float slope = p.alibi ? p.slope(t.b, t.h) : 0.0f;
   const std::int64_t off = p.alibi_shift(t.span);  // row i's diagonal is i + off
   for (std::int64_t r = 0; r < t.m; ++r) {
@@ -90,7 +90,8 @@ inline void apply_dropout(const FlashParams& p, const Tile& t) {
       const auto words = p.dropout_mask.words(t.b, t.h, i, col >> 2);
       for (std::int64_t w = col & 3; w < 4 && c < t.n; ++w, ++c) {
         float& x = t.at(r, c);
-        x = words[w] < p.dropout_mask.threshold ? x * p.dropout_scale : 0.0f;
+        // x * 0, not 0: a dropped NaN or infinite weight stays NaN (IEEE, as the reference).
+        x *= words[w] < p.dropout_mask.threshold ? p.dropout_scale : 0.0f;
       }
     }
   }

@@ -24,12 +24,15 @@ void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, s
     const Acc pd = pr.dropout ? pr.rnd(p[j] * f[j]) : p[j];
     D += pd * dpd;
     ds[j] = pr.dropout ? dpd * f[j] : dpd;
-    if (dv_acc != nullptr && pd != 0) {
+    if (dv_acc != nullptr) {  // zero weights too: 0 * NaN (a bad dO) is NaN
       Acc* dvj = dv_acc + j * pr.dv;
       for (std::int64_t d = 0; d < pr.dv; ++d) dvj[d] += pd * static_cast<Acc>(dO[d]);
     }
   }
   D = forward_D ? *forward_D : pr.rnd(D);
+  // A D that is not finite is NaN (see flash's nonfinite_tile.h): the row was
+  // reached by a NaN or an infinity, and all its dS are NaN on every backend.
+  if (!std::isfinite(D)) D = std::numeric_limits<Acc>::quiet_NaN();
   for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] = pr.rnd(p[j] * (ds[j] - D));
 }
 
@@ -98,8 +101,7 @@ void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kv
         if (pr.softcap > 0)
           for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] = pr.rnd(ds[j] * (Acc{1} - tn[i * sk + j] * tn[i * sk + j]));
         const T* qi = pr.q + pr.qs.offset(b, row, h);
-        for (std::int64_t j = r.begin; j < r.end; ++j) {
-          if (ds[j] == 0) continue;
+        for (std::int64_t j = r.begin; j < r.end; ++j) {  // zeros too: 0 * (NaN or inf in k) is NaN
           const T* kj = pr.k_row(b, j, kvh);
           Acc* dkj = dk_acc + j * pr.dqk;
           const Acc g = pr.scale * ds[j];

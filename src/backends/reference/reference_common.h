@@ -280,13 +280,15 @@ void logits(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, Acc* S, A
   }
 }
 
-// In place, logits -> probabilities; returns the natural-log LSE. Without a
-// finite logit (no visible key, or all -inf from the bias) the row is fully
-// masked: P = 0 and LSE = -inf, so it contributes nothing anywhere.
+// In place, logits -> probabilities; returns the natural-log LSE. A row whose
+// visible logits are all -inf (no visible key, or all -inf from the bias) is
+// fully masked: P = 0 and LSE = -inf, so it contributes nothing anywhere. A NaN
+// logit makes the max NaN (std::max would drop it) and with it P and the LSE;
+// a +inf one gives exp(inf - inf) = NaN, as IEEE arithmetic does.
 template <typename Acc>
 Acc softmax_row(Acc* row, std::int64_t sk, KeyRange r) {
   Acc m = static_cast<Acc>(kNegInf);
-  for (std::int64_t j = r.begin; j < r.end; ++j) m = std::max(m, row[j]);
+  for (std::int64_t j = r.begin; j < r.end && !std::isnan(m); ++j) m = std::isnan(row[j]) || row[j] > m ? row[j] : m;
   if (m == static_cast<Acc>(kNegInf)) {
     std::fill_n(row, sk, Acc{0});
     return m;

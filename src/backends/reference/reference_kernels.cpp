@@ -27,8 +27,8 @@ void forward_task(const Problem<T, Acc>& pr, const ForwardArgs& a, std::int64_t 
       std::fill_n(o, pr.dv, Acc{0});
       if (pr.dropout) dropout_factors(pr, b, h, i, r, f);
       for (std::int64_t j = r.begin; j < r.end; ++j) {
+        // No skip of zero weights: 0 * NaN (a bad v) is NaN for every visible key.
         const Acc w = pr.dropout ? pr.rnd(p[j] * f[j]) : p[j];
-        if (w == 0) continue;
         const T* vj = pr.v_row(b, j, kvh);
         for (std::int64_t d = 0; d < pr.dv; ++d) o[d] += w * static_cast<Acc>(vj[d]);
       }

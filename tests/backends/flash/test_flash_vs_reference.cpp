@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
@@ -133,6 +134,29 @@ std::vector<FlashCase> cases() {
   c.layout = Layout::sbhd;
   c.causal = true;
   v.push_back(c);
+  // Rows that see exactly one key: exact dq and dk are 0, and the textbook
+  // D = sum_j P dP cancels dP exactly there; flash's D = rowsum(dO * O) must
+  // too (noise growing with head_dim_v otherwise).
+  v.push_back(make("one_key_512x1_d64_v512", 512, 1, 64, 512));
+  v.push_back(testing::make_case("one_key_300x1_d96_v256_gqa", 300, 1, 96, 256, 4, 2));
+  c = make("window_0_0_200_d96_v256", 200, 200, 96, 256);
+  c.wl = c.wr = 0;
+  v.push_back(c);
+  // ... with large logits: dV = P^T dO is exact only when the backward's
+  // P = exp(s - LSE) is exactly 1, i.e. it forms the forward's scores.
+  c.name = "window_0_0_large_logits_d96_v256";
+  c.scale = 8 / std::sqrt(96.0);
+  v.push_back(c);
+  // dV and dK summed over many query rows and the heads of a group.
+  v.push_back(testing::make_case("many_rows_2048x64_d64_v512_mqa", 2048, 64, 64, 512, 4, 1));
+  // Softcap 30 with logits near and far past the cap (FlashAttention's q * softcap, as the scale).
+  for (const auto& [name, dim, q_mul, heads_kv] : {std::tuple{"softcap_30_near_cap_gqa", 128, 30.0, 2},
+                                                   std::tuple{"softcap_30_far_past_cap_mqa", 64, 60.0, 1}}) {
+    c = testing::make_case(name, 113, 203, dim, dim, 4, heads_kv);
+    c.softcap = 30;
+    c.scale = q_mul / std::sqrt(static_cast<double>(dim));
+    v.push_back(c);
+  }
   // Everything at once.
   c = make("combined", 100, 157, 96, 80);
   c.causal = true;
