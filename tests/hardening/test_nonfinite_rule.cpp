@@ -139,9 +139,7 @@ Reach expected_reach(const Geometry& g, const PassResults& shape, const Injectio
     case Site::bias:
       if (g.sees(x.b, x.t, x.d)) r.row(g, x.b, x.t, x.h);
       break;
-    case Site::k:
-      rows_seeing([&](std::int64_t i, std::int64_t h) { r.row(g, x.b, i, h); });
-      break;
+    case Site::k: rows_seeing([&](std::int64_t i, std::int64_t h) { r.row(g, x.b, i, h); }); break;
     case Site::v:  // one output component; D of those rows; never dv (it does not read v)
       rows_seeing([&](std::int64_t i, std::int64_t h) {
         Reach::all(r.out, g.q_tok(x.b, i, h, s.head_dim_v) + x.d);
@@ -192,7 +190,9 @@ void expect_reach(const char* what, const Tensor& clean, const Tensor& dirty, co
       ok = value_class(d) == value_class(want) &&
            (value_class(want) != 3 || std::abs(d - want) <= 1e3 * rtol * (1 + std::abs(want)));
     }
-    if (!ok && ++bad <= 3) ADD_FAILURE() << what << "[" << e << "] = " << d << ", want " << want << (reach[e] ? " (reached)" : " (not reached)");
+    if (!ok && ++bad <= 3)
+      ADD_FAILURE() << what << "[" << e << "] = " << d << ", want " << want
+                    << (reach[e] ? " (reached)" : " (not reached)");
   }
   EXPECT_EQ(bad, 0) << what << ": elements off the rule";
 }
@@ -267,7 +267,9 @@ TEST_P(NonFiniteRule, InfinityGivesTheSameResultOnEveryBackend) { run_rule(kInf)
 
 std::vector<RuleCase> rule_cases() {
   std::vector<RuleCase> v;
-  const auto add = [&](FeatureCase c, DType dt = DType::f32, bool bias_grad = false) { v.push_back({std::move(c), dt, bias_grad}); };
+  const auto add = [&](FeatureCase c, DType dt = DType::f32, bool bias_grad = false) {
+    v.push_back({std::move(c), dt, bias_grad});
+  };
   auto c = testing::make_case("mha_5x7_d12_v10", 5, 7, 12, 10);
   add(c);
   c.name = "mha_5x7_bf16";

@@ -5,10 +5,10 @@
 // identical for any thread count, with no atomics and no O(seqlen) buffers.
 //
 // K^T, V^T and K are packed once per key block (the softmax scale folded into
-// K^T, as the forward folds it into K, so that both form the same scores); Q and dO rows are copied into contiguous blocks per query block (rows
-// of one head sit H*D floats apart in the user's tensor, which makes in-place
-// GEMM loads conflict in L1). The transposed products (P'^T dO, dS^T Q) read
-// the P and dS tiles through the GEMM's strided A operand — no tile transposes.
+// K^T, as the forward folds it into K, so that both form the same scores); Q and dO rows are copied into contiguous
+// blocks per query block (rows of one head sit H*D floats apart in the user's tensor, which makes in-place GEMM loads
+// conflict in L1). The transposed products (P'^T dO, dS^T Q) read the P and dS tiles through the GEMM's strided A
+// operand — no tile transposes.
 //
 // E is the element type of q/k/v/out/dout and the gradients (float, bf16_t,
 // f16_t): rows are widened to f32 as they are packed, dK/dV rounded to E once
@@ -49,9 +49,8 @@ inline float lane_dot(const float* a, const E* b, std::int64_t n) {
 // sums in another order, and the two differed by ~eps |dO| |v| sqrt(Dv), which
 // was all such a row's gradient held.) Other rows keep the vector dot.
 template <class S, class E>
-inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0,
-                              const float* dout, std::int64_t ldd, const E* out, std::int64_t lds, std::int64_t m,
-                              float* dsum) {
+inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0, const float* dout,
+                              std::int64_t ldd, const E* out, std::int64_t lds, std::int64_t m, float* dsum) {
   for (std::int64_t r = 0; r < m; ++r) {
     const detail::KeyRange vis = p.keys(i0 + r, span);
     const float* a = dout + r * ldd;

@@ -168,7 +168,9 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     const std::int64_t row = span.q_begin + i0 + r;
     const RowEnd e = row_end(row_max[r], row_sum[r]);
     // An empty row is 0 whatever its accumulator met (docs/semantics.md, non-finite inputs).
-    const auto at = [&](std::int64_t d) { return e.empty ? 0.0f : (kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * e.inv; };
+    const auto at = [&](std::int64_t d) {
+      return e.empty ? 0.0f : (kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * e.inv;
+    };
     if (p.out_f32) {  // a forward partial (spec.out_dtype = f32)
       float* dst = p.out_as<float>() + p.so.offset(b, row, h);
       for (std::int64_t d = 0; d < dv; ++d) dst[d] = at(d);

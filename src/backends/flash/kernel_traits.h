@@ -57,16 +57,16 @@ template <class Simd>
 constexpr std::int64_t backward_scratch_floats(std::int64_t dqk, std::int64_t dv) {
   using T = KernelTraits<Simd>;
   const std::int64_t dqp = round_up(dqk, Simd::W), dvp = round_up(dv, Simd::W);
-  return dqk * T::bwd_n              // Kt: scale * K^T
-         + dv * T::bwd_n             // Vt
-         + T::bwd_n * dqp            // K block
-         + T::bwd_n * dqp            // dK accumulator
-         + T::bwd_n * dvp            // dV accumulator
-         + T::bwd_m * dqp            // Q block
-         + T::bwd_m * dvp            // dO block
-         + 3 * T::bwd_m * T::bwd_n   // P, dS, 1 - tanh^2 (softcap)
-         + T::bwd_m * dqp            // dQ tile
-         + 2 * T::bwd_m              // D, LSE
+  return dqk * T::bwd_n             // Kt: scale * K^T
+         + dv * T::bwd_n            // Vt
+         + T::bwd_n * dqp           // K block
+         + T::bwd_n * dqp           // dK accumulator
+         + T::bwd_n * dvp           // dV accumulator
+         + T::bwd_m * dqp           // Q block
+         + T::bwd_m * dvp           // dO block
+         + 3 * T::bwd_m * T::bwd_n  // P, dS, 1 - tanh^2 (softcap)
+         + T::bwd_m * dqp           // dQ tile
+         + 2 * T::bwd_m             // D, LSE
          + 64;
 }
 

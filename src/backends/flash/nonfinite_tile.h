@@ -87,10 +87,13 @@ void visible_tile_products(const FlashParams& p, std::int64_t b, std::int64_t h,
     const detail::KeyRange vis = range(r);
     for (std::int64_t j = vis.begin; j < vis.end; ++j) {
       const float w = pt[r * ld + j], g = ds[r * ld + j];
-      for (std::int64_t d = 0; d < p.dv; ++d) dv_acc[j * dvp + d] = S::fmadd1(w, detail::to_f32(dout[d]), dv_acc[j * dvp + d]);
-      for (std::int64_t d = 0; d < p.dqk; ++d) dk_acc[j * dqp + d] = S::fmadd1(g, detail::to_f32(q[d]), dk_acc[j * dqp + d]);
+      for (std::int64_t d = 0; d < p.dv; ++d)
+        dv_acc[j * dvp + d] = S::fmadd1(w, detail::to_f32(dout[d]), dv_acc[j * dvp + d]);
+      for (std::int64_t d = 0; d < p.dqk; ++d)
+        dk_acc[j * dqp + d] = S::fmadd1(g, detail::to_f32(q[d]), dk_acc[j * dqp + d]);
       const E* k = p.k_row<E>(b, span, j0 + j, hk);
-      for (std::int64_t d = 0; d < p.dqk; ++d) dq_tile[r * dqp + d] = S::fmadd1(g, detail::to_f32(k[d]), dq_tile[r * dqp + d]);
+      for (std::int64_t d = 0; d < p.dqk; ++d)
+        dq_tile[r * dqp + d] = S::fmadd1(g, detail::to_f32(k[d]), dq_tile[r * dqp + d]);
     }
   }
 }

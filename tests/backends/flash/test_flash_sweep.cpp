@@ -32,7 +32,7 @@ struct SweepCase {
 };
 
 SweepCase draw(std::mt19937_64& rng) {
-  static constexpr std::int64_t kPairs[][2] = {{1, 147},   {113, 203}, {128, 217}, {113, 211}, {108, 256},
+  static constexpr std::int64_t kPairs[][2] = {{1, 147},   {113, 203}, {128, 217},   {113, 211},   {108, 256},
                                                {256, 512}, {512, 256}, {1023, 1024}, {1024, 1023}, {1024, 1024}};
   static constexpr std::int64_t kDims[] = {32, 40, 59, 64, 96, 111, 128, 160, 192, 224, 256};
   const auto pick = [&](std::int64_t n) { return static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(n)); };

@@ -150,8 +150,8 @@ std::vector<FlashCase> cases() {
   // dV and dK summed over many query rows and the heads of a group.
   v.push_back(testing::make_case("many_rows_2048x64_d64_v512_mqa", 2048, 64, 64, 512, 4, 1));
   // Softcap 30 with logits near and far past the cap (FlashAttention's q * softcap, as the scale).
-  for (const auto& [name, dim, q_mul, heads_kv] : {std::tuple{"softcap_30_near_cap_gqa", 128, 30.0, 2},
-                                                   std::tuple{"softcap_30_far_past_cap_mqa", 64, 60.0, 1}}) {
+  for (const auto& [name, dim, q_mul, heads_kv] :
+       {std::tuple{"softcap_30_near_cap_gqa", 128, 30.0, 2}, std::tuple{"softcap_30_far_past_cap_mqa", 64, 60.0, 1}}) {
     c = testing::make_case(name, 113, 203, dim, dim, 4, heads_kv);
     c.softcap = 30;
     c.scale = q_mul / std::sqrt(static_cast<double>(dim));
