@@ -74,7 +74,8 @@ py::object field_value(const AttentionSpec& s, const SpecField& f) {
       [&](auto member) -> py::object {
         const auto& v = s.*member;
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout>) return py::str(std::string(to_string(v)));
+        if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout>)
+          return py::str(std::string(to_string(v)));
         else if constexpr (std::is_same_v<T, std::optional<DType>>) {
           return v ? py::object(py::str(std::string(to_string(*v)))) : py::none();
         } else if constexpr (std::is_same_v<T, std::optional<double>>) {
@@ -176,8 +177,10 @@ py::tuple backward(const Call& call, const at::Tensor& dout) {
   {
     py::gil_scoped_release nogil;
     Gradients r = attend::backward(call.ctx, dv, options);
-    if (!spec.accumulate_grads) g = std::move(r);
-    else g.dbias = std::move(r.dbias);
+    if (!spec.accumulate_grads)
+      g = std::move(r);
+    else
+      g.dbias = std::move(r.dbias);
   }
   py::object dbias = g.dbias.defined() ? py::cast(to_torch(g.dbias)) : py::none();
   return py::make_tuple(to_torch(g.dq), to_torch(g.dk), to_torch(g.dv), dbias);
@@ -280,9 +283,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("describe", [](const py::dict& d) { return attend::describe(spec_from_dict(d)); });
   m.def("spec_fields", &spec_field_table,
         "The AttentionSpec field table: a dict per field (name, kind, optional, help, default)");
-  m.def("spec_from_fields", [](const py::dict& d) { return spec_dict(spec_from_dict(d)); }, py::arg("fields"),
-        "Every field of the spec these fields describe (the rest at their defaults); an unknown or malformed "
-        "field is an attend error naming it");
+  m.def(
+      "spec_from_fields", [](const py::dict& d) { return spec_dict(spec_from_dict(d)); }, py::arg("fields"),
+      "Every field of the spec these fields describe (the rest at their defaults); an unknown or malformed "
+      "field is an attend error naming it");
   m.def("dropout_keep", &dropout_keep, py::arg("seed"), py::arg("p"), py::arg("batch_index"), py::arg("heads"),
         py::arg("seqlen_q"), py::arg("seqlen_kv"));
   m.def("get_policy", [] { return policy_dict(attend::current_policy()); });
