@@ -37,10 +37,26 @@ bool any_problem_flag(const CLI::App& sub, const BenchCommand& cmd) {
 }
 
 void reject_policy_flags(const ProblemFlags& f) {
-  const char* flag = !f.backend.empty() ? "--backend" : !f.disable.empty() ? "--disable" : nullptr;
+  const char* flag = !f.backend.empty()   ? "--backend"
+                     : !f.disable.empty() ? "--disable"
+                     : !f.isa.empty()     ? "--isa"
+                                          : nullptr;
   if (flag != nullptr) {
     throw attend::Error(attend::ErrorCode::invalid_argument, flag, "given",
                         "attend bench runs each implementation directly; choose them with --impls");
+  }
+}
+
+// The baselines and the harness's buffers know whole problems only: a partial
+// problem's offsets or f32 output would be measured against something else.
+void reject_partial_fields(const attend::AttentionSpec& s) {
+  const char* flag = s.q_offset != 0                      ? "--q-offset"
+                     : s.kv_offset != 0                   ? "--kv-offset"
+                     : s.effective_out_dtype() != s.dtype ? "--out-dtype"
+                                                          : nullptr;
+  if (flag != nullptr) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, flag, "given",
+                        "attend bench measures whole problems (use attend run for partial ones)");
   }
 }
 
@@ -150,6 +166,7 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
   }
   reject_policy_flags(cmd.problem);
   const Problem base = make_problem(cmd.problem);
+  reject_partial_fields(base.spec);
   const auto measurable = [](attend::DType d) {
     return d == attend::DType::f32 || d == attend::DType::bf16 || d == attend::DType::f16;
   };

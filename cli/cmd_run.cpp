@@ -28,13 +28,13 @@ namespace {
 // step (DeepSeek's 192/128 head dims), causal, checked against the reference.
 void use_default_job(RunCommand& cmd) {
   ProblemFlags& f = cmd.problem;
-  f.batch = 1;
   f.seqlen = 512;
   f.heads = 8;
-  f.head_dim_qk = 192;
-  f.head_dim_v = 128;
-  f.causal = true;
-  f.dtype = "f32";
+  f.set_text("batch", "1");
+  f.set_text("head_dim_qk", "192");
+  f.set_text("head_dim_v", "128");
+  f.set_text("causal", "true");
+  f.set_text("dtype", "f32");
   cmd.check = true;
 }
 
@@ -62,11 +62,12 @@ std::size_t tensor_bytes(const attend::Tensor& t) {
   return t.defined() ? static_cast<std::size_t>(t.numel()) * attend::size_of(t.view().dtype) : 0;
 }
 
-// Best of `repeat` timings of fn(), in seconds.
-template <typename Fn>
-double time_best(std::int64_t repeat, Fn&& fn) {
+// Best of `repeat` timings of fn(), in seconds; prepare() runs untimed before each.
+template <typename Fn, typename Prepare>
+double time_best(std::int64_t repeat, Fn&& fn, Prepare&& prepare) {
   double best = std::numeric_limits<double>::infinity();
   for (std::int64_t r = 0; r < repeat; ++r) {
+    prepare();
     const auto t0 = std::chrono::steady_clock::now();
     fn();
     const auto t1 = std::chrono::steady_clock::now();
@@ -202,7 +203,7 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
                   read_npy_input(cmd.alibi_slopes_path)};
   check_input_files(cmd);
   sizes_from_files(cmd.problem, src);
-  if (src.slopes.tensor.defined()) cmd.problem.alibi = true;
+  if (src.slopes.tensor.defined()) cmd.problem.set_text("alibi", "true");
   const Problem p = make_problem(cmd.problem);
   const bool training = p.mode == attend::Mode::training;
   if (!training && !cmd.dout_path.empty()) {
@@ -227,15 +228,33 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
 
   attend::ForwardResult fwd;
   const PassTiming t_fwd =
-      pass_timing(time_best(cmd.repeat, [&] { fwd = attend::forward(in, p.spec, p.mode, &p.policy); }),
+      pass_timing(time_best(
+                      cmd.repeat, [&] { fwd = attend::forward(in, p.spec, p.mode, &p.policy); }, [] {}),
                   attend::detail::forward_flops(p.spec, pairs));
   if (text) print_timing("forward", t_fwd, cmd.repeat);
   json.str("backend", fwd.ctx.backend().name()).integer("repeat", cmd.repeat).raw("forward", timing_json(t_fwd));
 
   attend::Gradients grads;
   if (training) {
-    const PassTiming t_bwd = pass_timing(time_best(cmd.repeat, [&] { grads = attend::backward(fwd.ctx, data.dout); }),
-                                         attend::detail::backward_flops(p.spec, pairs));
+    // --accumulate-grads adds into dq, dk and dv: they start at zero before
+    // every repetition, so the result (and --check) is one backward's.
+    attend::CallOptions grad_opts;
+    attend::Gradients zeroed;
+    const auto zero_grads = [&] {
+      if (!p.spec.accumulate_grads) return;
+      zeroed.dq = zeros(attend::expected_dtype(p.spec, attend::Role::dq), q_shape(p.spec));
+      zeroed.dk = attend::Tensor::zeros_like(in.k);
+      zeroed.dv = attend::Tensor::zeros_like(in.v);
+      grad_opts.grads = {zeroed.dq, zeroed.dk, zeroed.dv};
+    };
+    const auto run_backward = [&] { grads = attend::backward(fwd.ctx, data.dout, grad_opts); };
+    const PassTiming t_bwd =
+        pass_timing(time_best(cmd.repeat, run_backward, zero_grads), attend::detail::backward_flops(p.spec, pairs));
+    if (p.spec.accumulate_grads) {
+      grads.dq = zeroed.dq;
+      grads.dk = zeroed.dk;
+      grads.dv = zeroed.dv;
+    }
     if (text) print_timing("backward", t_bwd, cmd.repeat);
     json.raw("backward", timing_json(t_bwd));
   }

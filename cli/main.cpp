@@ -27,11 +27,11 @@ constexpr const char* kFooter =
     "Exit codes (every subcommand): 0 success, 1 usage error, 2 attend error (invalid or unsupported\n"
     "problem, unreadable file), 3 run --check out of tolerance.\n"
     "Environment:\n"
-    "  ATTEND_BACKEND=name          force this backend (--backend overrides it)\n"
+    "  ATTEND_BACKEND=name[:variant] force this backend or variant (--backend overrides it)\n"
     "  ATTEND_DISABLE=a,b           never use these backends (--disable adds to it)\n"
     "  ATTEND_LOG=info|debug        print each new selection's table to stderr (debug: cache hits too)\n"
     "  ATTEND_ISA=avx512amx|avx512bf16|avx512|avx2|scalar\n"
-    "                               force flash's and decode's kernel family\n"
+    "                               cap flash's and decode's kernel family (--isa overrides it)\n"
     "  ATTEND_NUM_THREADS=n         cap flash's and decode's threads (else OMP_NUM_THREADS)\n"
     "  ATTEND_REFERENCE_MAX_BYTES=n score-memory budget of the reference backend (default 8 GiB)";
 

@@ -173,7 +173,8 @@ ProblemData make_data(const Problem& p, const DataSources& src) {
     d.k = input(src.k, "k", s.dtype, k_shape(s), src.seed, 2);
     d.v = input(src.v, "v", s.dtype, v_shape(s), src.seed, 3);
   }
-  if (src.need_dout) d.dout = input(src.dout, "dout", s.dtype, out_shape(s), src.seed, 4);
+  if (src.need_dout)
+    d.dout = input(src.dout, "dout", attend::expected_dtype(s, attend::Role::dout), out_shape(s), src.seed, 4);
   if (s.has_bias) {
     d.bias = zeros(s.dtype, {p.bias_batch, p.bias_heads, s.seqlen_q, s.seqlen_kv});
     fill_normal(d.bias, src.seed, 5);

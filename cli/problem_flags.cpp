@@ -2,53 +2,123 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
+#include <iterator>
 #include <numeric>
+#include <stdexcept>
 #include <string_view>
 
 #include <CLI/CLI.hpp>
 
 #include "attend/error.h"
 #include "attend/registry.h"
+#include "attend/spec_fields.h"
 #include "flag_checks.h"
 #include "problem_data.h"
 #include "runtime/checked.h"
 
 namespace attend_cli {
 
+namespace {
+
+// Spec fields the CLI derives, so a flag of their own could only contradict
+// the flags they come from.
+constexpr std::string_view kDerived[] = {
+    "total_q",       // the sum of --varlen-q
+    "total_kv",      // the sum of --varlen-kv
+    "has_bias",      // --bias, which also fixes the bias's broadcast shape
+    "kv_page_size",  // --kv-cache with --page-size, which build the cache
+    "kv_leftpad",    // --cache-leftpad, whose values the cache needs
+};
+
+// The spellings the CLI had before its field flags came from the table; kept
+// so that existing command lines keep working.
+struct Alias {
+  std::string_view field, flag;
+};
+constexpr Alias kAliases[] = {
+    {"dropout_p", "--dropout"}, {"dropout_seed", "--seed"}, {"bias_requires_grad", "--bias-grad"}};
+
+std::size_t field_index(std::string_view name) {
+  const attend::SpecField* f = attend::find_spec_field(name);
+  if (f == nullptr) throw std::logic_error("no spec field named " + std::string(name));
+  return static_cast<std::size_t>(f - attend::spec_fields().data());
+}
+
+// Malformed text is a usage error that names the flag and the field.
+CLI::Validator parses_as(const attend::SpecField& field) {
+  return CLI::Validator(
+      [&field](std::string& text) -> std::string {
+        attend::AttentionSpec scratch;
+        try {
+          attend::set_field(scratch, field, text);
+        } catch (const attend::Error& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "");
+}
+
+}  // namespace
+
+ProblemFlags::ProblemFlags() : fields(attend::spec_fields().size()) {}
+
+const std::string& ProblemFlags::text(std::string_view field) const { return fields[field_index(field)]; }
+
+void ProblemFlags::set_text(std::string_view field, std::string value) {
+  fields[field_index(field)] = std::move(value);
+}
+
+std::string flag_name(std::string_view field) {
+  std::string flag = "--" + std::string(field);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+std::span<const std::string_view> derived_spec_fields() { return kDerived; }
+
 void add_problem_flags(CLI::App& app, ProblemFlags& f) {
   const auto pos = positive_int();
   const char* g = "Problem";
-  f.batch_opt = app.add_option("--batch", f.batch, "number of sequences (B)")->check(pos)->group(g)
-                    ->capture_default_str();
-  f.seqlen_opt = app.add_option("--seqlen", f.seqlen, "sets --seqlen-q and --seqlen-kv")->check(pos)
-                     ->group(g)->capture_default_str();
-  app.add_option("--seqlen-q", f.seqlen_q, "queries per sequence")->check(pos)->group(g);
-  app.add_option("--seqlen-kv", f.seqlen_kv, "keys per sequence")->check(pos)->group(g);
+  f.seqlen_opt = app.add_option("--seqlen", f.seqlen, "sets --seqlen-q and --seqlen-kv")
+                     ->check(pos)
+                     ->group(g)
+                     ->capture_default_str();
   f.heads_opt =
       app.add_option("--heads", f.heads, "sets --heads-q and --heads-kv")->check(pos)->group(g)->capture_default_str();
-  app.add_option("--heads-q", f.heads_q, "query heads (H)")->check(pos)->group(g);
-  app.add_option("--heads-kv", f.heads_kv, "key/value heads (GQA: H % heads_kv == 0)")->check(pos)->group(g);
   f.head_dim_opt = app.add_option("--head-dim", f.head_dim, "sets --head-dim-qk and --head-dim-v")
                        ->check(pos)
                        ->group(g)
                        ->capture_default_str();
-  app.add_option("--head-dim-qk", f.head_dim_qk, "feature size of q and k")->check(pos)->group(g);
-  app.add_option("--head-dim-v", f.head_dim_v, "feature size of v and out")->check(pos)->group(g);
-  app.add_option("--dtype", f.dtype, "f32|f64|bf16|f16")->group(g)->capture_default_str();
-  app.add_option("--dq-dtype", f.dq_dtype, "dtype of dq: f32 for a bf16/f16 problem keeps the unrounded f32 sum [--dtype]")
-      ->group(g);
-  app.add_option("--layout", f.layout, "bshd|bhsd|sbhd (thd comes from --varlen-*) [bshd]")->group(g);
-  f.scale_opt = app.add_option("--scale", f.scale, "softmax scale [1/sqrt(head_dim_qk)]")->group(g);
-  app.add_flag("--causal", f.causal, "bottom-right aligned causal mask")->group(g);
-  app.add_option("--window", f.window, "sliding window L,R (-1 = unbounded side)")->group(g);
-  app.add_option("--softcap", f.softcap, "softcap*tanh(s/softcap); 0 disables")->group(g);
-  app.add_flag("--alibi", f.alibi, "ALiBi with per-head slopes")->group(g);
+  std::vector<CLI::Option*> field_opts(f.fields.size(), nullptr);
+  for (const attend::SpecField& field : attend::spec_fields()) {
+    if (std::find(std::begin(kDerived), std::end(kDerived), field.name) != std::end(kDerived)) continue;
+    std::string names = flag_name(field.name);
+    for (const Alias& a : kAliases) {
+      if (a.field == field.name) names += "," + std::string(a.flag);
+    }
+    const std::size_t i = field_index(field.name);
+    const std::string help(field.help);
+    CLI::Option* opt = attend::field_kind(field) == attend::FieldKind::boolean
+                           ? app.add_flag(names, f.fields[i], help)
+                           : app.add_option(names, f.fields[i], help);
+    if (attend::field_kind(field) != attend::FieldKind::boolean) {
+      std::string type(attend::to_string(attend::field_kind(field)));
+      std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::toupper(c); });
+      opt->type_name(type);
+    }
+    field_opts[i] = opt->check(parses_as(field))->group(g);
+  }
+  app.add_option("--window", f.window, "sliding window L,R (-1 = unbounded side)")
+      ->group(g)
+      ->excludes(field_opts[field_index("window_left")])
+      ->excludes(field_opts[field_index("window_right")]);
   app.add_option("--bias", f.bias, "additive bias: none|full (B,H)|batch (B,1)|head (1,H)|shared (1,1)")
-      ->check(CLI::IsMember({"none", "full", "batch", "head", "shared"}))->group(g)->capture_default_str();
-  app.add_flag("--bias-grad", f.bias_grad, "training also computes dbias")->group(g);
-  app.add_option("--dropout", f.dropout, "dropout probability in [0, 1)")->group(g);
-  app.add_option("--seed", f.seed, "dropout seed")->check(non_negative_int())->group(g);
+      ->check(CLI::IsMember({"none", "full", "batch", "head", "shared"}))
+      ->group(g)
+      ->capture_default_str();
   app.add_option("--varlen-q", f.varlen_q, "per-sequence query lengths, e.g. 3,0,5 (thd layout)")
       ->delimiter(',')->check(non_negative_int())->group(g);
   app.add_option("--varlen-kv", f.varlen_kv, "per-sequence key lengths, e.g. 4,0,6 (thd layout)")
@@ -64,8 +134,9 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
       ->delimiter(',')->check(non_negative_int())->group(g);
   app.add_option("--cache-leftpad", f.cache_leftpad, "per-sequence left padding of the cache, e.g. 0,5")
       ->delimiter(',')->check(non_negative_int())->group(g);
-  app.add_flag("--deterministic", f.deterministic, "bitwise reproducible backward")->group(g);
-  app.add_flag("--no-lse", f.no_lse, "do not return the log-sum-exp")->group(g);
+  app.add_flag("--no-lse", f.no_lse, "do not return the log-sum-exp (--need-lse=false)")
+      ->group(g)
+      ->excludes(field_opts[field_index("need_lse")]);
 
   const char* m = "Mode and policy";
   auto* tr = app.add_flag("--training", f.training, "forward and backward must be supported (default)")
@@ -73,9 +144,15 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
   auto* inf = app.add_flag("--inference", f.inference, "only forward must be supported")->group(m);
   tr->excludes(inf);
   inf->excludes(tr);
-  app.add_option("--backend", f.backend, "force this backend (overrides ATTEND_BACKEND)")->group(m);
+  app.add_option("--backend", f.backend,
+                 "force this backend, or one of its variants as name:variant, e.g. flash:avx2 "
+                 "(overrides ATTEND_BACKEND)")
+      ->group(m);
   app.add_option("--disable", f.disable, "never use these backends, e.g. a,b (adds to ATTEND_DISABLE)")
       ->delimiter(',')->group(m);
+  app.add_option("--isa", f.isa,
+                 "widest CPU kernel family: avx512amx|avx512bf16|avx512|avx2|scalar (overrides ATTEND_ISA)")
+      ->group(m);
 }
 
 namespace {
@@ -98,18 +175,18 @@ void set_varlen(const ProblemFlags& f, Problem& p) {
                         "--varlen-q and --varlen-kv must list the same number of sequences (" +
                             std::to_string(p.lens_q.size()) + " query lengths given)");
   }
-  const char* conflict = f.batch_opt->count() ? "--batch"
-                         : f.seqlen_opt->count() ? "--seqlen"
-                         : f.seqlen_q ? "--seqlen-q"
-                         : f.seqlen_kv ? "--seqlen-kv"
-                                       : nullptr;
+  const char* conflict = f.given("batch")            ? "--batch"
+                         : f.seqlen_opt->count() > 0 ? "--seqlen"
+                         : f.given("seqlen_q")       ? "--seqlen-q"
+                         : f.given("seqlen_kv")      ? "--seqlen-kv"
+                                                     : nullptr;
   if (conflict != nullptr) {
     throw attend::Error(attend::ErrorCode::invalid_argument, conflict, "given",
                         "with --varlen-q/--varlen-kv the batch is the number of lengths "
                         "and the sequence lengths are their maxima");
   }
-  if (!f.layout.empty() && f.layout != "thd") {
-    throw attend::Error(attend::ErrorCode::invalid_argument, "--layout", f.layout,
+  if (f.given("layout") && f.text("layout") != "thd") {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--layout", f.text("layout"),
                         "--varlen-q/--varlen-kv imply the packed thd layout");
   }
   auto& s = p.spec;
@@ -142,7 +219,7 @@ void set_kv_cache(const ProblemFlags& f, Problem& p) {
   per_sequence(p.cache_lens, "--cache-seqlens", " lengths");
   per_sequence(p.cache_pads, "--cache-leftpad", " values");
   // An explicit --seqlen-kv (or --seqlen) is the longest sequence the cache holds.
-  const std::int64_t explicit_kv = f.seqlen_kv ? f.seqlen_kv : f.seqlen_opt->count() ? f.seqlen : 0;
+  const std::int64_t explicit_kv = f.given("seqlen_kv") || f.seqlen_opt->count() > 0 ? s.seqlen_kv : 0;
   for (const std::int64_t len : p.cache_lens) {
     if (explicit_kv > 0 && len > explicit_kv) {
       fail("--cache-seqlens", std::to_string(len),
@@ -166,31 +243,27 @@ void set_kv_cache(const ProblemFlags& f, Problem& p) {
   s.kv_page_size = f.page_size;
 }
 
+// Flags override the environment's policy field by field, and name themselves
+// as the source, so an error points at what the user typed.
 void apply_policy(const ProblemFlags& f, attend::Policy& policy) {
-  const auto registered = [] {
-    std::string names;
-    for (const auto& rb : attend::Registry::global().backends()) {
-      names += (names.empty() ? "" : ", ") + std::string(rb.backend->name());
-    }
-    return names;
-  };
   if (!f.backend.empty()) {
-    if (!attend::Registry::global().find(f.backend)) {
-      throw attend::Error(attend::ErrorCode::unsupported, "--backend", f.backend,
-                          "no backend named '" + f.backend + "' is registered (registered: " + registered() + ")");
-    }
     policy.force = f.backend;
+    policy.force_source = "--backend";
   }
+  bool disabled = false;
   for (const auto& name : f.disable) {
     if (name.empty()) continue;
-    if (!attend::Registry::global().find(name)) {
-      throw attend::Error(attend::ErrorCode::invalid_argument, "--disable", name,
-                          "no backend named '" + name + "' is registered (registered: " + registered() + ")");
-    }
+    disabled = true;
     if (std::find(policy.disabled.begin(), policy.disabled.end(), name) == policy.disabled.end()) {
       policy.disabled.push_back(name);
     }
   }
+  if (disabled) policy.disabled_source = "--disable";
+  if (!f.isa.empty()) {
+    policy.isa = f.isa;
+    policy.isa_source = "--isa";
+  }
+  attend::validate_policy(policy);
 }
 
 }  // namespace
@@ -198,25 +271,19 @@ void apply_policy(const ProblemFlags& f, attend::Policy& policy) {
 Problem make_problem(const ProblemFlags& f) {
   Problem p;
   auto& s = p.spec;
-  s.batch = f.batch;
-  s.seqlen_q = f.seqlen_q ? f.seqlen_q : f.seqlen;
-  s.seqlen_kv = f.seqlen_kv ? f.seqlen_kv : f.seqlen;
-  s.heads_q = f.heads_q ? f.heads_q : f.heads;
-  s.heads_kv = f.heads_kv ? f.heads_kv : f.heads;
-  s.head_dim_qk = f.head_dim_qk ? f.head_dim_qk : f.head_dim;
-  s.head_dim_v = f.head_dim_v ? f.head_dim_v : f.head_dim;
-  s.dtype = attend::parse_dtype(f.dtype, "--dtype");
+  s.seqlen_q = s.seqlen_kv = f.seqlen;
+  s.heads_q = s.heads_kv = f.heads;
+  s.head_dim_qk = s.head_dim_v = f.head_dim;
+  for (std::size_t i = 0; i < f.fields.size(); ++i) {
+    if (!f.fields[i].empty()) attend::set_field(s, attend::spec_fields()[i], f.fields[i]);
+  }
   if (s.dtype == attend::DType::i32) {
-    throw attend::Error(attend::ErrorCode::invalid_argument, "--dtype", f.dtype,
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--dtype", f.text("dtype"),
                         "i32 is an index type; use f32, f64, bf16 or f16");
   }
-  if (!f.dq_dtype.empty()) s.dq_dtype = attend::parse_dtype(f.dq_dtype, "--dq-dtype");
-  if (!f.layout.empty()) {
-    s.layout = attend::parse_layout(f.layout);
-    if (s.layout == attend::Layout::thd && f.varlen_q.empty() && f.varlen_kv.empty()) {
-      throw attend::Error(attend::ErrorCode::invalid_argument, "--layout", f.layout,
-                          "the thd layout needs per-sequence lengths: give --varlen-q/--varlen-kv");
-    }
+  if (s.layout == attend::Layout::thd && f.varlen_q.empty() && f.varlen_kv.empty()) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--layout", f.text("layout"),
+                        "the thd layout needs per-sequence lengths: give --varlen-q/--varlen-kv");
   }
   if (!f.varlen_q.empty() || !f.varlen_kv.empty()) set_varlen(f, p);
   if (f.kv_cache) {
@@ -231,8 +298,6 @@ Problem make_problem(const ProblemFlags& f) {
                           "--page-size/--cache-seqlens/--cache-leftpad describe a KV cache: add --kv-cache");
     }
   }
-  if (f.scale_opt->count() > 0) s.scale = f.scale;
-  s.causal = f.causal;
   if (!f.window.empty()) {
     const auto comma = f.window.find(',');
     if (comma == std::string::npos) {
@@ -241,22 +306,16 @@ Problem make_problem(const ProblemFlags& f) {
     s.window_left = parse_window_side(std::string_view(f.window).substr(0, comma), f.window);
     s.window_right = parse_window_side(std::string_view(f.window).substr(comma + 1), f.window);
   }
-  s.softcap = f.softcap;
-  s.alibi = f.alibi;
   if (f.bias != "none") {
     s.has_bias = true;
     p.bias_batch = (f.bias == "full" || f.bias == "batch") ? s.batch : 1;
     p.bias_heads = (f.bias == "full" || f.bias == "head") ? s.heads_q : 1;
   }
-  if (f.bias_grad && !s.has_bias) {
+  if (s.bias_requires_grad && !s.has_bias) {
     throw attend::Error(attend::ErrorCode::invalid_argument, "--bias-grad", "set",
                         "needs a bias: add --bias full|batch|head|shared");
   }
-  s.bias_requires_grad = f.bias_grad;
-  s.dropout_p = f.dropout;
-  s.dropout_seed = f.seed;
-  s.deterministic = f.deterministic;
-  s.need_lse = !f.no_lse;
+  if (f.no_lse) s.need_lse = false;
   // A KV cache is inference-only, so --kv-cache defaults to --inference; an
   // explicit --training then fails selection with every backend's reason.
   p.mode = (f.inference || (f.kv_cache && !f.training)) ? attend::Mode::inference : attend::Mode::training;
@@ -281,19 +340,22 @@ void sizes_from_files(ProblemFlags& f, const DataSources& src) {
     if (layout == "sbhd") return {1, 0, 2};
     return {0, 1, 2};
   };
-  const auto aq = axes(f.layout), akv = f.kv_cache ? axes("bshd") : aq;
-  if (f.batch_opt->count() == 0) f.batch = q[aq[0]];
+  const auto aq = axes(f.text("layout")), akv = f.kv_cache ? axes("bshd") : aq;
+  const auto fill = [&f](std::string_view field, std::int64_t size) {
+    if (!f.given(field)) f.set_text(field, std::to_string(size));
+  };
+  fill("batch", q[aq[0]]);
   if (f.seqlen_opt->count() == 0) {
-    if (f.seqlen_q == 0) f.seqlen_q = q[aq[1]];
-    if (f.seqlen_kv == 0 && f.cache_seqlens.empty()) f.seqlen_kv = k[akv[1]];
+    fill("seqlen_q", q[aq[1]]);
+    if (f.cache_seqlens.empty()) fill("seqlen_kv", k[akv[1]]);
   }
   if (f.heads_opt->count() == 0) {
-    if (f.heads_q == 0) f.heads_q = q[aq[2]];
-    if (f.heads_kv == 0) f.heads_kv = k[akv[2]];
+    fill("heads_q", q[aq[2]]);
+    fill("heads_kv", k[akv[2]]);
   }
   if (f.head_dim_opt->count() == 0) {
-    if (f.head_dim_qk == 0) f.head_dim_qk = q[3];
-    if (f.head_dim_v == 0) f.head_dim_v = v[3];
+    fill("head_dim_qk", q[3]);
+    fill("head_dim_v", v[3]);
   }
 }
 

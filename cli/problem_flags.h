@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attend/select.h"
@@ -17,33 +19,43 @@ class Option;
 
 namespace attend_cli {
 
-// Raw flag values, bound to CLI11 options by add_problem_flags. Sizes of 0 mean
-// "not given" (the validators reject an explicit 0).
+// Raw flag values, bound to CLI11 options by add_problem_flags. Every spec
+// field the user sets directly is a flag made from spec_fields() (its text is
+// parsed by attend::set_field); the members below are the convenience and
+// compound flags, which set several fields or derive them.
 struct ProblemFlags {
-  std::int64_t batch = 1, seqlen = 512, seqlen_q = 0, seqlen_kv = 0;
-  std::int64_t heads = 8, heads_q = 0, heads_kv = 0;
-  std::int64_t head_dim = 64, head_dim_qk = 0, head_dim_v = 0;
-  std::string dtype = "f32", dq_dtype, layout, window, bias = "none";
-  double scale = 0.0, softcap = 0.0, dropout = 0.0;
-  std::uint64_t seed = 0;
-  bool causal = false, alibi = false, bias_grad = false, deterministic = false, no_lse = false;
+  ProblemFlags();
+
+  // The text given for each row of attend::spec_fields(), in table order; empty:
+  // not given (the spec keeps its default, or what a convenience flag set).
+  std::vector<std::string> fields;
+  const std::string& text(std::string_view field) const;
+  void set_text(std::string_view field, std::string text);
+  bool given(std::string_view field) const { return !text(field).empty(); }
+
+  std::int64_t seqlen = 512, heads = 8, head_dim = 64;
+  std::string window, bias = "none";
+  bool no_lse = false;
   bool training = false, inference = false;
   std::vector<std::int64_t> varlen_q, varlen_kv;
   // KV cache: K/V in an attend::KVCache (paged), queries attend over it.
   bool kv_cache = false;
   std::int64_t page_size = 64;
   std::vector<std::int64_t> cache_seqlens, cache_leftpad;
-  std::string backend;
+  std::string backend, isa;
   std::vector<std::string> disable;
 
   // Options whose presence (not only value) matters.
-  CLI::Option* batch_opt = nullptr;
   CLI::Option* seqlen_opt = nullptr;
-  CLI::Option* scale_opt = nullptr;
   CLI::Option* heads_opt = nullptr;
   CLI::Option* head_dim_opt = nullptr;
   CLI::Option* page_size_opt = nullptr;
 };
+
+// "--head-dim-qk" for head_dim_qk: the flag a spec field gets.
+std::string flag_name(std::string_view field);
+// Spec fields without a flag of their own because other flags derive them.
+std::span<const std::string_view> derived_spec_fields();
 
 void add_problem_flags(CLI::App& app, ProblemFlags& flags);
 

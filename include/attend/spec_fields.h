@@ -32,6 +32,15 @@ struct SpecField {
   std::string_view help;  // one line, with units and the meaning of the default
 };
 
+// The kind of value a field holds, for front ends that type their arguments
+// (the CLI's flags, Python's keywords): int (int64), uint (uint64), real, bool,
+// dtype or layout (by name).
+enum class FieldKind : std::uint8_t { integer, unsigned_integer, real, boolean, dtype, layout };
+std::string_view to_string(FieldKind kind);
+FieldKind field_kind(const SpecField& field);
+// An optional field may be unset: "" in get_field/set_field.
+bool field_optional(const SpecField& field);
+
 // Every field of AttentionSpec, in declaration order.
 std::span<const SpecField> spec_fields();
 // The row called `name`, or nullptr.

@@ -13,12 +13,13 @@ except ImportError as e:  # e.g. the source tree's python/ ahead of the build's 
                       "<build>/python on PYTHONPATH (see README, 'Python / PyTorch')") from e
 from .errors import (AttendError, AttendIOError, AttendMemoryError, BadStateError, InvalidArgumentError,
                      ShapeMismatchError, SizeOverflowError, UnsupportedError)
+from ._spec_fields import SpecField, spec, spec_fields
 from .policy import Explanation, backends, explain, get_policy, policy, reset_policy, set_policy
 
 __all__ = [
     "AttendError", "AttendIOError", "AttendMemoryError", "BadStateError", "InvalidArgumentError",
     "ShapeMismatchError", "SizeOverflowError", "UnsupportedError", "Explanation", "backends", "explain",
-    "get_policy", "policy", "reset_policy", "set_policy", "flash_isa",
+    "get_policy", "policy", "reset_policy", "set_policy", "flash_isa", "SpecField", "spec", "spec_fields",
 ]
 
 

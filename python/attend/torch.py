@@ -20,6 +20,7 @@ from . import _autograd, _masks
 from .errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
 from ._autograd import Problem, draw_dropout_seed
 from ._masks import dropout_mask, dropout_mask_varlen
+from ._spec_fields import with_fields
 from .module import DotProductAttention
 from .policy import Explanation
 
@@ -50,7 +51,7 @@ def _bias_requires_grad(bias):
 # --- torch.nn.functional.scaled_dot_product_attention ------------------------------------
 
 def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                  enable_gqa=False):
+                  enable_gqa=False, **spec_fields):
     for t, n in ((query, "query"), (key, "key"), (value, "value")):
         _check_tensor(t, n, range(3, 9))
     if not (query.dim() == key.dim() == value.dim()):
@@ -81,7 +82,13 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                f"{Hq} % {Hk} == 0 (or use 1 key/value head)")
     out_shape = tuple(query.shape[:-1]) + (Ev,)
     if B == 0:
+        with_fields({}, spec_fields, "scaled_dot_product_attention")  # still reject unknown fields
         return None, out_shape
+    if is_causal and L != S and (spec_fields.get("q_offset") or spec_fields.get("kv_offset")):
+        # The top-left rewrite below slices keys by local positions, which offsets move.
+        _raise(UnsupportedError, "q_offset" if spec_fields.get("q_offset") else "kv_offset", "set",
+               f"is_causal is top-left aligned and L={L} != S={S}: offsets need flash_attn_func's bottom-right "
+               "causal mask (or L == S)")
 
     bias = None
     if attn_mask is not None:
@@ -109,11 +116,12 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                 window_right=right, has_bias=bias is not None, bias_requires_grad=_bias_requires_grad(bias))
     if dropout_p > 0.0:
         spec.update(dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed())
+    spec = with_fields(spec, spec_fields, "scaled_dot_product_attention")
     return Problem(spec, q, k, v, bias, restore=lambda o: o.reshape(out_shape)), out_shape
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False):
+                                 enable_gqa=False, **spec_fields):
     """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x semantics):
     query (N..., L, E), key (N..., S, E), value (N..., S, Ev) -> (N..., L, Ev).
 
@@ -121,8 +129,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     to (N..., L, S); is_causal: top-left aligned (row i sees keys <= i); dropout
     is applied whenever dropout_p > 0; scale defaults to 1/sqrt(E); enable_gqa:
     key/value may have H/g heads, query head h reads kv head h // g.
-    A fully masked row gives 0 (PyTorch's math path gives NaN)."""
-    problem, out_shape = _sdpa_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    A fully masked row gives 0 (PyTorch's math path gives NaN).
+
+    ``**spec_fields``: further attend::AttentionSpec fields by name (attend.spec_fields()),
+    e.g. q_offset/kv_offset, out_dtype="f32", need_lse, dropout_seed; a field the
+    arguments already decide (batch, dtype, causal, ...) is an InvalidArgumentError."""
+    problem, out_shape = _sdpa_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                       **spec_fields)
     if problem is None:  # an empty batch: nothing to compute, keep the graph connected
         return query.new_zeros(out_shape) + 0 * (query.sum() + key.sum() + value.sum())
     return problem.run()[0]
@@ -147,24 +160,27 @@ def _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
 
 
 def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                   alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                   alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(t, n, (4,))
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_kv=k.shape[1], layout="bshd")
-    return Problem(spec, q, k, v, slopes=alibi_slopes)
+    return Problem(with_fields(spec, spec_fields, "flash_attn_func"), q, k, v, slopes=alibi_slopes)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
     """flash_attn.flash_attn_func: q (B, Sq, H, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv)
     -> out (B, Sq, H, Dv). Causal and windows are bottom-right aligned; softcap,
     ALiBi (f32 slopes (H) or (B, H)), GQA/MQA (H % Hk == 0), dropout as in FA2.
     return_attn_probs: (out, softmax_lse (B, H, Sq) f32/f64, S) where S is attend's
     bool dropout keep mask (B, H, Sq, Sk) when dropout_p > 0, else an empty tensor
-    (FA2's S_dmask encoding is tied to its CUDA tiling and is not reproduced)."""
+    (FA2's S_dmask encoding is tied to its CUDA tiling and is not reproduced).
+    ``**spec_fields``: further attend::AttentionSpec fields by name (attend.spec_fields()),
+    e.g. q_offset/kv_offset for a chunk of a longer sequence, out_dtype="f32",
+    dropout_seed; one the arguments already decide is an InvalidArgumentError."""
     problem = _flash_problem(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                             deterministic)
+                             deterministic, **spec_fields)
     out, lse = problem.run()
     if not return_attn_probs:
         return out
@@ -175,19 +191,21 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                              **spec_fields):
     """flash_attn.flash_attn_qkvpacked_func: qkv (B, S, 3, H, D); read in place (strided)."""
     _check_tensor(qkv, "qkv", (5,))
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
-                           softcap, alibi_slopes, deterministic, return_attn_probs)
+                           softcap, alibi_slopes, deterministic, return_attn_probs, **spec_fields)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
+                             **spec_fields):
     """flash_attn.flash_attn_kvpacked_func: q (B, Sq, H, D), kv (B, Sk, 2, Hk, D)."""
     _check_tensor(kv, "kv", (5,))
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs)
+                           alibi_slopes, deterministic, return_attn_probs, **spec_fields)
 
 
 def _cu(t, name):
@@ -202,7 +220,7 @@ def _cu(t, name):
 
 def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False, block_table=None):
+                    deterministic=False, return_attn_probs=False, block_table=None, **spec_fields):
     if block_table is not None:
         _raise(UnsupportedError, "block_table", "set", "paged K/V is not supported by attend.torch yet")
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
@@ -214,43 +232,44 @@ def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=cu_q.numel() - 1, seqlen_q=int(max_seqlen_q), seqlen_kv=int(max_seqlen_k), layout="thd",
                 total_q=q.shape[0], total_kv=k.shape[0])
-    return Problem(spec, q, k, v, slopes=alibi_slopes, cu_q=cu_q, cu_kv=cu_k)
+    return Problem(with_fields(spec, spec_fields, "flash_attn_varlen_func"), q, k, v, slopes=alibi_slopes, cu_q=cu_q,
+                   cu_kv=cu_k)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, **spec_fields):
     """flash_attn.flash_attn_varlen_func: q (total_q, H, D), k (total_k, Hk, D),
     v (total_k, Hk, Dv), cu_seqlens int32 (B+1,); masks per sequence, bottom-right
     aligned; empty sequences allowed (their rows are 0, LSE -inf).
     return_attn_probs: (out, softmax_lse (H, total_q), S) with S an empty tensor
     (per-sequence keep masks: attend.torch.dropout_mask_varlen). block_table
-    (paged K/V) raises UnsupportedError."""
+    (paged K/V) raises UnsupportedError. ``**spec_fields`` as in flash_attn_func."""
     problem = _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                               softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                              return_attn_probs, block_table)
+                              return_attn_probs, block_table, **spec_fields)
     out, lse = problem.run()
     return (out, lse, q.new_empty(0)) if return_attn_probs else out
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
+                                     return_attn_probs=False, **spec_fields):
     """flash_attn.flash_attn_varlen_qkvpacked_func: qkv (total, 3, H, D)."""
     _check_tensor(qkv, "qkv", (4,))
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                                  deterministic, return_attn_probs)
+                                  deterministic, return_attn_probs, **spec_fields)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
     """flash_attn.flash_attn_varlen_kvpacked_func: q (total_q, H, D), kv (total_k, 2, Hk, D)."""
     _check_tensor(kv, "kv", (4,))
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                                  deterministic, return_attn_probs)
+                                  deterministic, return_attn_probs, **spec_fields)
 
 
 # --- explain ------------------------------------------------------------------------------

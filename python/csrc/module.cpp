@@ -10,6 +10,8 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "attend/attend.h"
@@ -22,50 +24,88 @@ namespace py = pybind11;
 namespace attend::python {
 namespace {
 
-[[noreturn]] void bad_field(const std::string& key, const std::string& why) {
-  throw Error(ErrorCode::invalid_argument, "spec." + key, "", why);
+[[noreturn]] void bad_field(const std::string& key, const std::string& value, const std::string& why) {
+  throw Error(ErrorCode::invalid_argument, key, value, why);
 }
 
-// Every AttentionSpec field by name; unknown keys are errors (a typo would
-// otherwise silently describe a different problem).
+// A Python value as the text set_field parses, chosen by the field's kind, so
+// that parsing (and its errors, which name the field) is the C++ one. Text is
+// passed through: set_field then says what it expected.
+std::string field_text(const SpecField& f, const py::handle& val) {
+  const std::string key(f.name);
+  if (val.is_none()) {
+    if (field_optional(f)) return "";
+    bad_field(key, "None", "cannot be unset (only optional fields, e.g. scale, out_dtype, take None)");
+  }
+  if (py::isinstance<py::str>(val)) return val.cast<std::string>();
+  try {
+    switch (field_kind(f)) {
+      case FieldKind::boolean: return val.cast<bool>() ? "true" : "false";
+      case FieldKind::integer: return std::to_string(val.cast<std::int64_t>());
+      case FieldKind::unsigned_integer: return std::to_string(val.cast<std::uint64_t>());
+      case FieldKind::real: return py::repr(py::float_(py::reinterpret_borrow<py::object>(val))).cast<std::string>();
+      case FieldKind::dtype:
+      case FieldKind::layout: break;  // names only: a str, handled above
+    }
+  } catch (const py::error_already_set&) {
+  } catch (const py::cast_error&) {
+  }
+  bad_field(key, std::string(py::str(val)),
+            "has the wrong type (" + std::string(py::str(py::type::of(val))) + "; expected " +
+                std::string(to_string(field_kind(f))) + ")");
+}
+
+// Every AttentionSpec field by its table name; an unknown key is an error (a
+// typo would otherwise silently describe a different problem).
 AttentionSpec spec_from_dict(const py::dict& d) {
   AttentionSpec s;
   for (const auto& item : d) {
     const std::string key = py::str(item.first);
-    const py::handle val = item.second;
-    const auto i64 = [&] { return val.cast<std::int64_t>(); };
-    const auto f64 = [&] { return val.cast<double>(); };
-    const auto flag = [&] { return val.cast<bool>(); };
-    try {
-      if (key == "batch") s.batch = i64();
-      else if (key == "seqlen_q") s.seqlen_q = i64();
-      else if (key == "seqlen_kv") s.seqlen_kv = i64();
-      else if (key == "heads_q") s.heads_q = i64();
-      else if (key == "heads_kv") s.heads_kv = i64();
-      else if (key == "head_dim_qk") s.head_dim_qk = i64();
-      else if (key == "head_dim_v") s.head_dim_v = i64();
-      else if (key == "total_q") s.total_q = i64();
-      else if (key == "total_kv") s.total_kv = i64();
-      else if (key == "dtype") s.dtype = parse_dtype(val.cast<std::string>(), "spec.dtype");
-      else if (key == "layout") s.layout = parse_layout(val.cast<std::string>());
-      else if (key == "scale") s.scale = val.is_none() ? std::nullopt : std::optional<double>(f64());
-      else if (key == "softcap") s.softcap = f64();
-      else if (key == "alibi") s.alibi = flag();
-      else if (key == "has_bias") s.has_bias = flag();
-      else if (key == "bias_requires_grad") s.bias_requires_grad = flag();
-      else if (key == "causal") s.causal = flag();
-      else if (key == "window_left") s.window_left = i64();
-      else if (key == "window_right") s.window_right = i64();
-      else if (key == "dropout_p") s.dropout_p = f64();
-      else if (key == "dropout_seed") s.dropout_seed = val.cast<std::uint64_t>();
-      else if (key == "need_lse") s.need_lse = flag();
-      else if (key == "deterministic") s.deterministic = flag();
-      else bad_field(key, "not a field of attend::AttentionSpec");
-    } catch (const py::cast_error&) {
-      bad_field(key, "has the wrong type (" + std::string(py::str(py::type::of(val))) + ")");
-    }
+    const SpecField* f = find_spec_field(key);
+    if (f == nullptr) bad_field(key, "", "not a field of attend::AttentionSpec (attend.spec_fields() lists them)");
+    set_field(s, *f, field_text(*f, item.second));
   }
   return s;
+}
+
+// A field's value as the Python object spec_from_dict accepts back.
+py::object field_value(const AttentionSpec& s, const SpecField& f) {
+  return std::visit(
+      [&](auto member) -> py::object {
+        const auto& v = s.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout>)
+          return py::str(std::string(to_string(v)));
+        else if constexpr (std::is_same_v<T, std::optional<DType>>) {
+          return v ? py::object(py::str(std::string(to_string(*v)))) : py::none();
+        } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+          return v ? py::object(py::float_(*v)) : py::none();
+        } else {
+          return py::cast(v);
+        }
+      },
+      f.member);
+}
+
+py::dict spec_dict(const AttentionSpec& s) {
+  py::dict d;
+  for (const SpecField& f : spec_fields()) d[py::str(std::string(f.name))] = field_value(s, f);
+  return d;
+}
+
+py::list spec_field_table() {
+  const AttentionSpec defaults;
+  py::list out;
+  for (const SpecField& f : spec_fields()) {
+    py::dict row;
+    row["name"] = std::string(f.name);
+    row["kind"] = std::string(to_string(field_kind(f)));
+    row["optional"] = field_optional(f);
+    row["help"] = std::string(f.help);
+    row["default"] = field_value(defaults, f);
+    out.append(row);
+  }
+  return out;
 }
 
 Mode mode_from(const std::string& mode) {
@@ -121,10 +161,26 @@ py::tuple forward(const py::dict& spec_fields, const std::string& mode, const at
 py::tuple backward(const Call& call, const at::Tensor& dout) {
   const at::Tensor d = prepare(dout, "dout");
   const TensorView dv = view_of(d, "dout");
+  const AttentionSpec& spec = call.ctx.spec();
+  CallOptions options;
   Gradients g;
+  if (spec.accumulate_grads) {
+    // Autograd sums gradients itself; accumulate_grads adds into fresh zeros.
+    const auto zeros = [&](Role role) {
+      return Tensor::zeros(expected_dtype(spec, role), expected_shape(spec, role).span());
+    };
+    g.dq = zeros(Role::dq);
+    g.dk = zeros(Role::dk);
+    g.dv = zeros(Role::dv);
+    options.grads = {g.dq, g.dk, g.dv};
+  }
   {
     py::gil_scoped_release nogil;
-    g = attend::backward(call.ctx, dv);
+    Gradients r = attend::backward(call.ctx, dv, options);
+    if (!spec.accumulate_grads)
+      g = std::move(r);
+    else
+      g.dbias = std::move(r.dbias);
   }
   py::object dbias = g.dbias.defined() ? py::cast(to_torch(g.dbias)) : py::none();
   return py::make_tuple(to_torch(g.dq), to_torch(g.dk), to_torch(g.dv), dbias);
@@ -225,6 +281,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("evaluate", &evaluate, py::arg("spec"), py::arg("mode"),
         "(table, json) of every backend's verdict; never raises for 'nothing fits'");
   m.def("describe", [](const py::dict& d) { return attend::describe(spec_from_dict(d)); });
+  m.def("spec_fields", &spec_field_table,
+        "The AttentionSpec field table: a dict per field (name, kind, optional, help, default)");
+  m.def(
+      "spec_from_fields", [](const py::dict& d) { return spec_dict(spec_from_dict(d)); }, py::arg("fields"),
+      "Every field of the spec these fields describe (the rest at their defaults); an unknown or malformed "
+      "field is an attend error naming it");
   m.def("dropout_keep", &dropout_keep, py::arg("seed"), py::arg("p"), py::arg("batch_index"), py::arg("heads"),
         py::arg("seqlen_q"), py::arg("seqlen_kv"));
   m.def("get_policy", [] { return policy_dict(attend::current_policy()); });

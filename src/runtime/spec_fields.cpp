@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "attend/error.h"
 
@@ -74,6 +75,10 @@ T parse_number(const SpecField& f, std::string_view text) {
     return v;
   } else {
     r = std::from_chars(text.data(), end, v);
+    if (r.ec == std::errc::result_out_of_range && r.ptr == end) {
+      throw Error(ErrorCode::invalid_argument, std::string(f.name), std::string(text),
+                  std::is_signed_v<T> ? "does not fit in int64" : "does not fit in uint64");
+    }
     if (text.empty() || r.ec != std::errc() || r.ptr != end) bad(f, text, "an integer");
     return v;
   }
@@ -88,6 +93,43 @@ bool parse_bool(const SpecField& f, std::string_view text) {
 }  // namespace
 
 std::span<const SpecField> spec_fields() { return kFields; }
+
+std::string_view to_string(FieldKind kind) {
+  switch (kind) {
+    case FieldKind::integer: return "int";
+    case FieldKind::unsigned_integer: return "uint";
+    case FieldKind::real: return "real";
+    case FieldKind::boolean: return "bool";
+    case FieldKind::dtype: return "dtype";
+    case FieldKind::layout: return "layout";
+  }
+  return "?";
+}
+
+FieldKind field_kind(const SpecField& field) {
+  return std::visit(
+      [](auto member) {
+        using T = std::decay_t<decltype(std::declval<AttentionSpec&>().*member)>;
+        if constexpr (std::is_same_v<T, bool>)
+          return FieldKind::boolean;
+        else if constexpr (std::is_same_v<T, double> || std::is_same_v<T, std::optional<double>>)
+          return FieldKind::real;
+        else if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, std::optional<DType>>)
+          return FieldKind::dtype;
+        else if constexpr (std::is_same_v<T, Layout>)
+          return FieldKind::layout;
+        else if constexpr (std::is_same_v<T, std::uint64_t>)
+          return FieldKind::unsigned_integer;
+        else
+          return FieldKind::integer;
+      },
+      field.member);
+}
+
+bool field_optional(const SpecField& field) {
+  return std::holds_alternative<std::optional<double> AttentionSpec::*>(field.member) ||
+         std::holds_alternative<std::optional<DType> AttentionSpec::*>(field.member);
+}
 
 const SpecField* find_spec_field(std::string_view name) {
   for (const SpecField& f : kFields) {
