@@ -136,28 +136,40 @@ ScopedWorkspace::~ScopedWorkspace() {
 
 }  // namespace detail
 
+namespace {
+
+// The gate both passes go through: the call's target resolved on the tensors'
+// device, the backend's own check, workspace, then the kernel (`kernel`, which
+// gets the prepared arguments).
+template <class Args, class Scratch, class Kernel>
+void gated(const Backend& b, Pass pass, const Args& args, const Target& resolved, Scratch&& scratch_bytes,
+           Kernel&& kernel) {
+  Args run = args;
+  run.target = resolved;
+  run.target.device = args.in.q.device;
+  detail::require_support(b, args.spec, pass, run.target);
+  const detail::ScopedWorkspace ws(scratch_bytes(run.target), args.workspace, nullptr, run.target.device, b.name(),
+                                   pass);
+  run.workspace = ws.ws;
+  detail::with_alloc_errors(b.name(), pass, [&] { kernel(run); });
+}
+
+}  // namespace
+
 void Backend::forward(const ForwardArgs& args) const {
   validate_forward(args);
-  ForwardArgs run = args;
-  run.target = resolve(args.target);
-  run.target.device = args.in.q.device;
-  detail::require_support(*this, args.spec, Pass::forward, run.target);
-  const detail::ScopedWorkspace scratch(scratch_bytes(args.spec, Pass::forward, run.target), args.workspace, nullptr,
-                                        run.target.device, name(), Pass::forward);
-  run.workspace = scratch.ws;
-  detail::with_alloc_errors(name(), Pass::forward, [&] { run_forward(run); });
+  gated(
+      *this, Pass::forward, args, resolve(args.target),
+      [&](const Target& t) { return scratch_bytes(args.spec, Pass::forward, t); },
+      [&](const ForwardArgs& run) { run_forward(run); });
 }
 
 void Backend::backward(const BackwardArgs& args) const {
   validate_backward(args);
-  BackwardArgs run = args;
-  run.target = resolve(args.target);
-  run.target.device = args.in.q.device;
-  detail::require_support(*this, args.spec, Pass::backward, run.target);
-  const detail::ScopedWorkspace scratch(scratch_bytes(args.spec, Pass::backward, run.target), args.workspace, nullptr,
-                                        run.target.device, name(), Pass::backward);
-  run.workspace = scratch.ws;
-  detail::with_alloc_errors(name(), Pass::backward, [&] { run_backward(run); });
+  gated(
+      *this, Pass::backward, args, resolve(args.target),
+      [&](const Target& t) { return scratch_bytes(args.spec, Pass::backward, t); },
+      [&](const BackwardArgs& run) { run_backward(run); });
 }
 
 }  // namespace attend
