@@ -18,19 +18,8 @@ TokenStrides lse_strides(const TensorView& lse, Layout layout) {
   return {lse.strides[0], lse.strides[2], lse.strides[1]};
 }
 
-SeqSpan sequence_span(const AttentionSpec& spec, const Inputs& in, std::int64_t b) {
-  if (spec.paged()) {
-    const std::int64_t end = in.cache_seqlens.as<const std::int32_t>()[b * in.cache_seqlens.strides[0]];
-    const std::int64_t begin =
-        spec.kv_leftpad ? in.cache_leftpad.as<const std::int32_t>()[b * in.cache_leftpad.strides[0]] : 0;
-    return {0, spec.seqlen_q, begin, end - begin};
-  }
-  if (!spec.varlen()) return {0, spec.seqlen_q, 0, spec.seqlen_kv};
-  const auto* cq = in.cu_seqlens_q.as<const std::int32_t>();
-  const auto* ck = in.cu_seqlens_kv.as<const std::int32_t>();
-  const std::int64_t sq = in.cu_seqlens_q.strides[0], sk = in.cu_seqlens_kv.strides[0];
-  return {cq[b * sq], cq[(b + 1) * sq] - cq[b * sq], ck[b * sk], ck[(b + 1) * sk] - ck[b * sk]};
-}
+// The kernels' SeqLocator is the one definition of where a sequence lives.
+SeqSpan sequence_span(const AttentionSpec& spec, const Inputs& in, std::int64_t b) { return seq_locator(spec, in)(b); }
 
 SeqLocator seq_locator(const AttentionSpec& spec, const Inputs& in) {
   SeqLocator l;
@@ -72,10 +61,7 @@ BiasStrides bias_strides(const TensorView& bias) {
 }
 
 double alibi_slope(const AttentionSpec& spec, const Inputs& in, std::int64_t b, std::int64_t h) {
-  if (!spec.alibi) return 0.0;
-  const TensorView& a = in.alibi_slopes;
-  const auto* p = a.as<const float>();
-  return a.ndim == 2 ? p[b * a.strides[0] + h * a.strides[1]] : p[h * a.strides[0]];
+  return alibi_slopes(spec, in)(b, h);
 }
 
 }  // namespace attend::detail
