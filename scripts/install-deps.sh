@@ -11,6 +11,7 @@ packages=(
   libbenchmark-dev               # Google Benchmark
   libopenblas-dev                # sgemm baseline for benchmarks
   libcli11-dev                   # command-line parsing
+  libopenmpi-dev openmpi-bin     # context parallelism (src/parallel/ MPI engine, its tests)
   # attend.torch (python/): Debian's PyTorch is for /usr/bin/python3
   python3-dev python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
 )

@@ -8,6 +8,7 @@
 #include "attend/error.h"
 #include "attend/kvcache.h"
 #include "attend/merge.h"
+#include "attend/parallel.h"
 #include "attend/plan.h"
 #include "attend/registry.h"
 #include "attend/select.h"
