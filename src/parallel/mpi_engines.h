@@ -1,0 +1,53 @@
+// The two CP engines over MPI. Each computes this rank's results into
+// tensors of its own; the entry points (mpi_entry.cpp) write the caller's
+// outputs only after every rank agreed that all succeeded.
+//
+// A rank whose compute fails records the failure and keeps taking part in
+// every exchange (sending whatever its buffers hold), so no peer blocks on it;
+// the agreement afterwards raises the failure everywhere.
+#pragma once
+
+#include "attend/parallel.h"
+#include "attend/parallel_mpi.h"
+#include "attend/tensor.h"
+#include "parallel/mpi_link.h"
+
+namespace attend::parallel::detail {
+
+struct Job {
+  const Plan& plan;
+  const Link& link;
+  const RunOptions& options;
+  const Policy& policy;
+  Failure& failure;
+};
+
+struct LocalForward {
+  Tensor out;  // (B, L, H, Dv): f32/f64 partial accumulator (ring) or effective_out_dtype (a2a)
+  Tensor lse;  // (B, H, L)
+};
+
+struct LocalGrads {
+  Tensor dq, dk, dv;  // this rank's rows; any floating dtype (converted when written out)
+};
+
+LocalForward ring_forward(const Job& job, const Inputs& local);
+LocalGrads ring_backward(const Job& job, const Inputs& local, const TensorView& out, const TensorView& lse,
+                         const TensorView& dout);
+LocalForward a2a_forward(const Job& job, const Inputs& local);
+LocalGrads a2a_backward(const Job& job, const Inputs& local, const TensorView& out, const TensorView& lse,
+                        const TensorView& dout);
+
+// Runs fn(), recording an exception as this rank's failure; skipped once the
+// rank has failed.
+template <class Fn>
+void guarded(Failure& failure, Fn&& fn) {
+  if (failure.failed) return;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    failure.record(e);
+  }
+}
+
+}  // namespace attend::parallel::detail
