@@ -185,6 +185,7 @@ CLI::App* add_run_command(CLI::App& app, RunCommand& cmd) {
       ->group(g)->capture_default_str();
   sub->add_option("--repeat", cmd.repeat, "time each pass this many times, report the best")
       ->check(positive_int())->group(g)->capture_default_str();
+  add_cp_flags(*sub, cmd.cp, true);
   return sub;
 }
 
@@ -192,6 +193,15 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
   if (!any_option_given(sub)) {
     use_default_job(cmd);
     std::cout << "no flags: running the built-in default job (MLA-shaped training step, --check)\n";
+  }
+  if (cmd.cp.enabled()) {
+#ifdef ATTEND_CLI_MPI
+    return run_cp(cmd);
+#else
+    throw attend::Error(attend::ErrorCode::unsupported, "--cp", std::to_string(cmd.cp.size),
+                        "this attend was built without MPI (install libopenmpi-dev and rebuild); "
+                        "`attend select --cp N` explains the strategies without it");
+#endif
   }
   if (!cmd.save_dir.empty()) check_save_dir(cmd.save_dir);
   DataSources src{read_npy_input(cmd.q_path),

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "attend/parallel.h"
 #include "attend/select.h"
 #include "attend/spec.h"
 #include "commands.h"
@@ -15,11 +16,41 @@ CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd) {
   auto* sub = app.add_subcommand("select", "Show which backend runs a problem and why the others cannot");
   add_problem_flags(*sub, cmd.problem);
   sub->add_flag("--json", cmd.json, "print the selection as JSON");
+  add_cp_flags(*sub, cmd.cp, false);
   return sub;
 }
 
+namespace {
+
+// The strategy table (and the chosen strategy's schedule for --cp-rank). A
+// forced strategy that cannot run, or none fitting, is an error with the table.
+int explain_cp(const SelectCommand& cmd, const Problem& p) {
+  const attend::parallel::Config config = cmd.cp.config(cmd.cp.rank);
+  if (cmd.json) {
+    const attend::parallel::Plan plan = attend::parallel::evaluate(p.spec, p.mode, config, p.policy);
+    if (plan.viable()) {
+      std::cout << with_fields(plan.to_json(), "\"exit_code\": 0") << "\n";
+      return 0;
+    }
+    try {
+      attend::parallel::plan(p.spec, p.mode, config, p.policy);
+    } catch (const attend::Error& e) {
+      std::cout << with_fields(plan.to_json(),
+                               "\"error\": " + error_json(e) + ", \"exit_code\": " + std::to_string(kExitError))
+                << "\n";
+      std::cerr << "error: " << e.what() << "\n";
+    }
+    return kExitError;
+  }
+  std::cout << attend::parallel::plan(p.spec, p.mode, config, p.policy).explain();
+  return 0;
+}
+
+}  // namespace
+
 int run_select(const SelectCommand& cmd) {
   const Problem p = make_problem(cmd.problem);
+  if (cmd.cp.enabled()) return explain_cp(cmd, p);
   if (cmd.json) {
     try {
       std::cout << with_fields(attend::select(p.spec, p.mode, p.policy).to_json(), "\"exit_code\": 0") << "\n";

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cp_flags.h"
 #include "problem_flags.h"
 
 namespace CLI {
@@ -23,6 +24,7 @@ inline constexpr int kExitCheckFailed = 3;
 
 struct SelectCommand {
   ProblemFlags problem;
+  CpFlags cp;
   bool json = false;
 };
 CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd);
@@ -35,10 +37,14 @@ struct RunCommand {
   std::string q_path, k_path, v_path, dout_path, alibi_slopes_path, save_dir;
   std::uint64_t data_seed = 1;
   std::int64_t repeat = 1;
+  CpFlags cp;
 };
 CLI::App* add_run_command(CLI::App& app, RunCommand& cmd);
 // `sub` is the parsed subcommand (to tell "no flags at all" from defaults).
 int run_run(RunCommand& cmd, const CLI::App& sub);
+// `run --cp N` under mpirun: the job split across the ranks, checked on rank 0.
+// Built with the MPI engine only (ATTEND_CLI_MPI).
+int run_cp(RunCommand& cmd);
 
 // attend bench: flash vs the unfused OpenBLAS baseline (and the reference) next
 // to a measured sgemm peak. Built only with ATTEND_BUILD_BENCH (ATTEND_CLI_BENCH).

@@ -286,12 +286,12 @@ std::string Plan::explain() const {
        " chunks of " + num(chunk_rows) + " rows; rank " + num(config.rank) + " holds chunk(s)";
   for (const Chunk& c : local_chunks())
     t += " " + num(c.index) + " [" + num(c.offset) + ", " + num(c.offset + c.rows) + ")";
-  t += "\nstrategy | verdict  | backend\n";
+  t += "\nstrategy | verdict    | backend\n";
   for (const StrategyVerdict& v : verdicts) {
     std::string name(to_string(v.strategy));
     name.resize(8, ' ');
     std::string verdict = v.chosen ? "chosen" : v.accepted ? (v.not_forced ? "not forced" : "ok") : "rejected";
-    verdict.resize(8, ' ');
+    verdict.resize(10, ' ');
     std::string backend = v.backend;
     if (!v.backward_backend.empty()) backend += " (backward " + v.backward_backend + ")";
     t += name + " | " + verdict + " | " + backend + "\n";
