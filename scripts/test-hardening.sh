@@ -34,7 +34,9 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export LLVM_SYMBOLIZER_PATH="$(command -v llvm-symbolizer || echo /usr/lib/llvm-14/bin/llvm-symbolizer)"
 # Warnings are errors in scripts/test.sh (GCC); here clang only reports them, so
 # a clang-only warning cannot hide the sanitizer results.
-common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTEND_WERROR=OFF -DATTEND_BUILD_BENCH=OFF)
+# The MPI engine is off: Open MPI's own allocations and shared-memory transport
+# are not sanitizer-clean (docs/hardening.md); the CP planning layer stays in.
+common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTEND_WERROR=OFF -DATTEND_BUILD_BENCH=OFF -DATTEND_CP_MPI=OFF)
 stage() { echo; echo "=== test-hardening: $* ($(date +%T))"; }
 
 stage "ASan+UBSan build (suite and fuzz targets) and full suite"
