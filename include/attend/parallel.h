@@ -43,6 +43,9 @@ struct Config {
   int size = 1;                             // ranks sharing the sequence (the cp size); >= 1
   int rank = 0;                             // this rank, in [0, size)
   Strategy strategy = Strategy::automatic;  // a forced strategy never falls back
+  // Causal problems use the zigzag layout; false keeps contiguous chunks
+  // (rank r's work then grows with r: for comparison and benchmarks).
+  bool balance_causal = true;
 };
 
 // A run of consecutive global rows (queries and keys share it: CP needs

@@ -26,6 +26,13 @@
 
 namespace attend::parallel {
 
+// Where a rank's time went in one call (for profiling and the benchmark).
+struct RunStats {
+  double compute_seconds = 0.0;  // in attention kernels and merges
+  double wait_seconds = 0.0;     // blocked on peers: communication not hidden behind compute
+  int blocks = 0;                // kernel calls (ring blocks not skipped; 1 for all-to-all)
+};
+
 struct RunOptions {
   const Policy* policy = nullptr;  // selection of the local kernels; nullptr: the process-wide policy
   // Longest wait for any peer, in seconds; a peer silent for longer is
@@ -35,6 +42,7 @@ struct RunOptions {
   // with the step index and pass: tracing, progress, fault injection. An
   // exception thrown here is this rank's failure.
   std::function<void(int step, Pass pass)> on_step;
+  RunStats* stats = nullptr;  // when set: reset, then filled by the call
 };
 
 // Forward of this rank's rows: out (local_spec, spec.effective_out_dtype())

@@ -240,7 +240,7 @@ Plan evaluate(const AttentionSpec& spec, Mode mode, const Config& config, const 
   p.config = config;
   // Causal work grows along the sequence: the zigzag pairs an early chunk with
   // a late one so every rank does the same share.
-  p.balanced = spec.causal && config.size > 1;
+  p.balanced = spec.causal && config.size > 1 && config.balance_causal;
   const std::int64_t chunks = config.size * (p.balanced ? 2 : 1);
   p.chunk_rows = spec.seqlen_q / chunks;
 

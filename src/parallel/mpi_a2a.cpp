@@ -16,6 +16,7 @@ std::int64_t block_bytes(const Grid& g, std::int64_t rows, std::int64_t heads) {
 }
 
 void exchange(const Job& job, const Tensor& send, const Tensor& recv, std::int64_t bytes, const char* what) {
+  const Stopwatch sw(job.stats.wait_seconds);
   std::vector<MPI_Request> reqs{job.link.ialltoall(send.data(), recv.data(), static_cast<std::size_t>(bytes))};
   job.link.wait(reqs, -1, what);
 }
@@ -113,7 +114,11 @@ LocalForward a2a_forward(const Job& job, const Inputs& local) {
   const AttentionSpec& s = h.spec;
   Tensor out = heads_tensor(s, s.heads_q, s.head_dim_v, s.effective_out_dtype());
   Tensor lse = Tensor::zeros(s.lse_dtype(), {s.batch, s.heads_q, s.seqlen_q});
-  guarded(job.failure, [&] { attend::Plan::make(s, Mode::inference, {&job.policy, {}}).forward(h.in, out, lse); });
+  guarded(job.failure, [&] {
+    const Stopwatch sw(job.stats.compute_seconds);
+    ++job.stats.blocks;
+    attend::Plan::make(s, Mode::inference, {&job.policy, {}}).forward(h.in, out, lse);
+  });
   const AttentionSpec ls = job.plan.local_spec();
   LocalForward r{Tensor::zeros(out.view().dtype, {ls.batch, ls.seqlen_q, ls.heads_q, ls.head_dim_v}),
                  Tensor::zeros(ls.lse_dtype(), {ls.batch, ls.heads_q, ls.seqlen_q})};
@@ -138,6 +143,8 @@ LocalGrads a2a_backward(const Job& job, const Inputs& local, const TensorView& o
   Tensor dq = heads_tensor(s, s.heads_q, s.head_dim_qk, s.effective_dq_dtype());
   Tensor dk = Tensor::zeros_like(h.k), dv = Tensor::zeros_like(h.v);
   guarded(job.failure, [&] {
+    const Stopwatch sw(job.stats.compute_seconds);
+    ++job.stats.blocks;
     attend::Plan::make(s, Mode::training, {&job.policy, {}}).backward(h.in, o, l, d, {dq, dk, dv});
   });
   const AttentionSpec ls = job.plan.local_spec();

@@ -7,6 +7,8 @@
 // the agreement afterwards raises the failure everywhere.
 #pragma once
 
+#include <chrono>
+
 #include "attend/parallel.h"
 #include "attend/parallel_mpi.h"
 #include "attend/tensor.h"
@@ -20,6 +22,20 @@ struct Job {
   const RunOptions& options;
   const Policy& policy;
   Failure& failure;
+  RunStats& stats;
+};
+
+// Seconds since `t0` added to `total`, for RunStats.
+class Stopwatch {
+ public:
+  explicit Stopwatch(double& total) : total_(total), t0_(std::chrono::steady_clock::now()) {}
+  ~Stopwatch() { total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  Stopwatch(const Stopwatch&) = delete;
+  Stopwatch& operator=(const Stopwatch&) = delete;
+
+ private:
+  double& total_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 struct LocalForward {

@@ -21,7 +21,8 @@ using detail::Link;
 std::uint64_t fingerprint(const Plan& plan, Pass pass) {
   const std::string key = signature(plan.spec) + "|" + std::string(attend::to_string(plan.mode)) + "|" +
                           std::to_string(plan.config.size) + "|" + std::string(to_string(plan.config.strategy)) + "|" +
-                          std::string(to_string(plan.strategy)) + "|" + std::string(attend::to_string(pass));
+                          std::string(to_string(plan.strategy)) + "|" + std::string(attend::to_string(pass)) + "|" +
+                          std::to_string(plan.balanced);
   return std::hash<std::string>{}(key);
 }
 
@@ -66,7 +67,10 @@ void forward(MPI_Comm comm, const Plan& plan, const Inputs& local, const TensorV
   });
   link.agree(failure.status(fp));
 
-  const Job job{plan, link, options, policy, failure};
+  RunStats scratch;
+  RunStats& stats = options.stats != nullptr ? *options.stats : scratch;
+  stats = {};
+  const Job job{plan, link, options, policy, failure, stats};
   const detail::LocalForward r =
       plan.strategy == Strategy::ring ? detail::ring_forward(job, local) : detail::a2a_forward(job, local);
   link.agree(failure.status(fp));
@@ -88,7 +92,10 @@ void backward(MPI_Comm comm, const Plan& plan, const Inputs& local, const Tensor
   });
   link.agree(failure.status(fp));
 
-  const Job job{plan, link, options, policy, failure};
+  RunStats scratch;
+  RunStats& stats = options.stats != nullptr ? *options.stats : scratch;
+  stats = {};
+  const Job job{plan, link, options, policy, failure, stats};
   const detail::LocalGrads g = plan.strategy == Strategy::ring ? detail::ring_backward(job, local, out, lse, dout)
                                                                : detail::a2a_backward(job, local, out, lse, dout);
   link.agree(failure.status(fp));

@@ -86,6 +86,8 @@ LocalForward ring_forward(const Job& job, const Inputs& local) {
         in.q = row_view(local.q, b.q_chunk * c, c);
         in.k = row_view(kv.k[kv.cur], b.kv_chunk * c, c);
         in.v = row_view(kv.v[kv.cur], b.kv_chunk * c, c);
+        const Stopwatch sw(job.stats.compute_seconds);
+        ++job.stats.blocks;
         attend::Plan::make(s, Mode::inference, popt).forward(in, part_out, part_lse);
         const TensorView o = row_view(acc.out, b.q_chunk * c, c), l = lse_row_view(acc.lse, b.q_chunk * c, c);
         const Partial parts[] = {{o, l}, {part_out, part_lse}};
@@ -93,6 +95,7 @@ LocalForward ring_forward(const Job& job, const Inputs& local) {
         job.link.poke(reqs);
       }
     });
+    const Stopwatch sw(job.stats.wait_seconds);
     job.link.wait(reqs, step.recv_from, "ring forward K/V exchange");
     kv.cur = 1 - kv.cur;
   }
@@ -137,6 +140,8 @@ LocalGrads ring_backward(const Job& job, const Inputs& local, const TensorView& 
         in.v = row_view(kv.v[kv.cur], b.kv_chunk * c, c);
         const GradViews g{row_view(dq, b.q_chunk * c, c), row_view(dk_step, b.kv_chunk * c, c),
                           row_view(dv_step, b.kv_chunk * c, c)};
+        const Stopwatch sw(job.stats.compute_seconds);
+        ++job.stats.blocks;
         attend::Plan::make(s, Mode::training, popt)
             .backward(in, row_view(out, b.q_chunk * c, c), lse_row_view(lse, b.q_chunk * c, c),
                       row_view(dout, b.q_chunk * c, c), g);
@@ -146,9 +151,16 @@ LocalGrads ring_backward(const Job& job, const Inputs& local, const TensorView& 
     });
     // This step's K/V owner's accumulator arrived (sent by the previous rank
     // after its own step t-1) while we computed.
-    if (t > 0) job.link.wait(acc_recv, step.recv_from, "ring backward dK/dV exchange");
-    convert_grid(grid(dk_step), grid(dk_acc[a]), true);
-    convert_grid(grid(dv_step), grid(dv_acc[a]), true);
+    {
+      const Stopwatch sw(job.stats.wait_seconds);
+      if (t > 0) job.link.wait(acc_recv, step.recv_from, "ring backward dK/dV exchange");
+    }
+    {
+      const Stopwatch sw(job.stats.compute_seconds);
+      convert_grid(grid(dk_step), grid(dk_acc[a]), true);
+      convert_grid(grid(dv_step), grid(dv_acc[a]), true);
+    }
+    const Stopwatch sw(job.stats.wait_seconds);
     job.link.wait(acc_send, step.send_to, "ring backward dK/dV send");  // frees dk_acc[1 - a]
     acc_send.push_back(job.link.isend(dk_acc[a].data(), bytes_of(dk_acc[a]), step.send_to, kTagDK));
     acc_send.push_back(job.link.isend(dv_acc[a].data(), bytes_of(dv_acc[a]), step.send_to, kTagDV));
@@ -160,6 +172,7 @@ LocalGrads ring_backward(const Job& job, const Inputs& local, const TensorView& 
   }
   const int home = n % 2;
   const Step& last = plan.steps.back();
+  const Stopwatch sw(job.stats.wait_seconds);
   job.link.wait(acc_recv, last.recv_from, "ring backward dK/dV return");
   job.link.wait(acc_send, last.send_to, "ring backward dK/dV send");
   return {dq, dk_acc[home], dv_acc[home]};
