@@ -74,9 +74,10 @@ void Link::wait(std::vector<MPI_Request>& requests, int peer, const char* what) 
       // The requests stay pending: the communicator is unusable after a
       // timeout (the peer is gone or stuck), which the error says.
       requests.clear();
-      throw Error(ErrorCode::bad_state, "cp_rank", std::to_string(peer),
-                  "rank " + std::to_string(peer) + " did not answer within " + std::to_string(timeout_) + " s (" +
-                      what + " on rank " + std::to_string(rank_) + "); the communicator should be aborted");
+      const std::string who = peer >= 0 ? "rank " + std::to_string(peer) : std::string("a rank");
+      throw Error(ErrorCode::bad_state, "cp_rank", peer >= 0 ? std::to_string(peer) : "unknown",
+                  who + " did not answer within " + std::to_string(timeout_) + " s (" + what + " on rank " +
+                      std::to_string(rank_) + "); the communicator should be aborted");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
@@ -88,7 +89,7 @@ std::vector<RankStatus> Link::gather(const RankStatus& mine) const {
   check(MPI_Iallgather(&mine, sizeof(RankStatus), MPI_BYTE, all.data(), sizeof(RankStatus), MPI_BYTE, comm_, &r),
         "MPI_Iallgather");
   std::vector<MPI_Request> reqs{r};
-  // No single peer to blame: name rank -1 ("some rank").
+  // A collective: no single peer to blame.
   wait(reqs, -1, "agreement on the CP job's status");
   return all;
 }

@@ -13,6 +13,7 @@
 #include "attend/attend.h"
 #include "attend/backends/reference.h"
 #include "attend/parallel_mpi.h"
+#include "parallel/mpi_link.h"
 #include "parallel/shard_grid.h"
 #include "support/tensors.h"
 
@@ -250,6 +251,33 @@ TEST(CpFaults, AWorldSizeOtherThanTheCpSizeIsAnErrorOnEveryRank) {
     EXPECT_EQ(e.field(), "cp");
     EXPECT_NE(std::string(e.what()).find("communicator has " + std::to_string(world_size())), std::string::npos);
   }
+}
+
+// A peer that never sends is reported, naming it, once the deadline passes:
+// no wait of the engines blocks without one.
+TEST(CpFaults, APeerThatNeverAnswersIsReportedAfterTheTimeout) {
+  static std::int32_t box = 0;  // outlives the abandoned receive until it completes
+  const int rank = world_rank(), n = world_size();
+  if (rank == 0) {
+    const detail::Link link(MPI_COMM_WORLD, 0.5);
+    std::vector<MPI_Request> reqs{link.irecv(&box, sizeof box, n - 1, 4242)};
+    const auto t0 = MPI_Wtime();
+    try {
+      link.wait(reqs, n - 1, "test receive");
+      ADD_FAILURE() << "expected attend::Error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.value(), std::to_string(n - 1));
+      EXPECT_NE(std::string(e.what()).find("did not answer within"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(MPI_Wtime() - t0, 5.0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Late, so that the abandoned receive completes before MPI_Finalize.
+  if (rank == n - 1) {
+    const std::int32_t late = 1;
+    MPI_Send(&late, 1, MPI_INT32_T, 0, 4242, MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 }  // namespace
