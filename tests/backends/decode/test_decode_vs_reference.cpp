@@ -115,6 +115,14 @@ std::vector<DecodeCase> cases() {
   c.lens_kv = {700, 50, 0, 300};
   c.causal = true;
   v.push_back(c);
+  // Absorbed MLA on a paged cache: decode, and flash's prefill path on the same pages.
+  c = make("paged_mla_absorbed_576_512_mqa", 2, 0, 576, 512);
+  c.heads = 8;
+  c.heads_kv = 1;
+  c.page = 64;
+  c.lens_kv = {300, 70};
+  c.causal = true;
+  v.push_back(c);
   // Attention sinks: added once per row, whether the row's keys ran as one
   // split or many (the split combine takes the sink as one more part).
   c = make("sinks_learnable_one_split", 1, 200, 64, 64);

@@ -160,6 +160,13 @@ std::vector<FlashCase> cases() {
     c.scale = q_mul / std::sqrt(static_cast<double>(dim));
     v.push_back(c);
   }
+  // Absorbed MLA: qk 576 (512 latent + 64 rope), v 512, one shared latent KV head.
+  c = testing::make_case("mla_absorbed_576_512_mqa_causal", 70, 90, 576, 512, 4, 1);
+  c.causal = true;
+  v.push_back(c);
+  c = testing::make_case("mla_absorbed_576_512_gqa_sinks", 33, 40, 576, 512, 4, 2);
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
   // Attention sinks (softmax_type), with their gradient, across the features.
   c = make("sinks_learnable_causal_empty_rows", 150, 100, 64, 64);
   c.causal = true;
