@@ -103,8 +103,9 @@ class KVCache {
 // q and the cache. Masks are bottom-right aligned to each sequence's own key
 // count (length - leftpad): with causal, query i of a sequence with L keys sees
 // keys [0, L - Sq + i]. ALiBi needs `alibi_slopes` ((H) or (B, H) f32);
-// softmax_type = learnable needs `sinks` ((H) f32 sink logits). Throws attend::Error(invalid_argument) for Mode::training (a cache
-// holds no gradients) or a spec with a bias.
+// softmax_type = learnable needs `sinks` ((H) f32 sink logits). Throws
+// attend::Error(invalid_argument) for Mode::training (a cache holds no
+// gradients) or a spec with a bias.
 ForwardResult forward_with_kvcache(const TensorView& q, const KVCache& cache, const AttentionSpec& spec,
                                    Mode mode = Mode::inference, const TensorView& alibi_slopes = {},
                                    const Policy* policy = nullptr, const TensorView& sinks = {});
