@@ -65,6 +65,9 @@ std::vector<ErrorStats> check_against_reference(const Problem& p, const ProblemD
   in.k = k64;
   in.v = v64;
   if (bias64.defined()) in.bias = bias64;
+  // Sink logits in the f64 problem's dtype (f64 for the oracle).
+  const attend::Tensor sinks64 = data.sinks.defined() ? convert(data.sinks, DType::f64) : attend::Tensor{};
+  if (sinks64.defined()) in.sinks = sinks64;
 
   attend::Tensor out = zeros(DType::f64, out_shape(s64));
   attend::Tensor lse = zeros(DType::f64, lse_shape(s64));
@@ -82,14 +85,27 @@ std::vector<ErrorStats> check_against_reference(const Problem& p, const ProblemD
   attend::Tensor dv = zeros(DType::f64, v_shape(s64));
   attend::Tensor dbias;
   if (s64.bias_requires_grad) dbias = attend::Tensor::zeros_like(bias64);
+  attend::Tensor dsinks;
+  if (sinks64.defined()) dsinks = attend::Tensor::zeros_like(sinks64);
   ws = workspace_for(*ref, s64, attend::Pass::backward);
-  ref->backward(attend::BackwardArgs{s64, in, out, lse, dout, dq, dk, dv,
+  ref->backward(attend::BackwardArgs{s64,
+                                     in,
+                                     out,
+                                     lse,
+                                     dout,
+                                     dq,
+                                     dk,
+                                     dv,
                                      dbias.defined() ? dbias.view() : attend::TensorView{},
-                                     attend::Workspace{ws.data(), ws.size()}});
+                                     attend::Workspace{ws.data(), ws.size()},
+                                     {},
+                                     {},
+                                     dsinks.defined() ? dsinks.view() : attend::TensorView{}});
   stats.push_back(compare("dq", grads->dq, dq));
   stats.push_back(compare("dk", grads->dk, dk));
   stats.push_back(compare("dv", grads->dv, dv));
   if (dbias.defined()) stats.push_back(compare("dbias", grads->dbias, dbias));
+  if (dsinks.defined()) stats.push_back(compare("dsinks", grads->dsinks, dsinks));
   return stats;
 }
 

@@ -140,6 +140,7 @@ std::string save_all(const std::string& dir, const ProblemData& d, const attend:
   save("v", d.v);
   save("dout", d.dout);
   save("alibi_slopes", d.slopes);  // replayed with --alibi-slopes
+  save("sinks", d.sinks);          // replayed with --sinks
   save("out", fwd.out);
   save("lse", fwd.lse);
   if (g != nullptr) {
@@ -147,6 +148,7 @@ std::string save_all(const std::string& dir, const ProblemData& d, const attend:
     save("dk", g->dk);
     save("dv", g->dv);
     save("dbias", g->dbias);
+    save("dsinks", g->dsinks);
   }
   return names;
 }
@@ -175,9 +177,13 @@ CLI::App* add_run_command(CLI::App& app, RunCommand& cmd) {
   sub->add_option("--alibi-slopes", cmd.alibi_slopes_path,
                   "ALiBi slopes, (H) or (B,H) f32, from this .npy file (implies --alibi)")
       ->group(g);
-  sub->add_option(
-         "--save", cmd.save_dir,
-         "write q,k,v,dout,alibi_slopes,out,lse,dq,dk,dv(,dbias).npy into DIR (created; its parent must exist)")
+  sub->add_option("--sinks", cmd.sinks_path,
+                  "sink logits, (H) f32, from this .npy file (implies --softmax-type learnable; "
+                  "without it: seeded random)")
+      ->group(g);
+  sub->add_option("--save", cmd.save_dir,
+                  "write q,k,v,dout,alibi_slopes,sinks,out,lse,dq,dk,dv(,dbias,dsinks).npy into DIR (created; its "
+                  "parent must exist)")
       ->group(g);
   sub->add_flag("--json", cmd.json, "print the result (backend, timings, memory, check errors, exit code) as JSON")
       ->group(g);
@@ -210,10 +216,12 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
                   read_npy_input(cmd.dout_path),
                   cmd.data_seed,
                   false,
-                  read_npy_input(cmd.alibi_slopes_path)};
+                  read_npy_input(cmd.alibi_slopes_path),
+                  read_npy_input(cmd.sinks_path)};
   check_input_files(cmd);
   sizes_from_files(cmd.problem, src);
   if (src.slopes.tensor.defined()) cmd.problem.set_text("alibi", "true");
+  if (src.sinks.tensor.defined()) cmd.problem.set_text("softmax_type", "learnable");
   const Problem p = make_problem(cmd.problem);
   const bool training = p.mode == attend::Mode::training;
   if (!training && !cmd.dout_path.empty()) {

@@ -34,7 +34,7 @@ struct RunCommand {
   ProblemFlags problem;
   bool check = false, json = false;
   double tolerance = 0.0;  // 0: a default from the dtype
-  std::string q_path, k_path, v_path, dout_path, alibi_slopes_path, save_dir;
+  std::string q_path, k_path, v_path, dout_path, alibi_slopes_path, sinks_path, save_dir;
   std::uint64_t data_seed = 1;
   std::int64_t repeat = 1;
   CpFlags cp;

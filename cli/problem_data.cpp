@@ -157,6 +157,7 @@ attend::Inputs ProblemData::inputs() const {
   in.v = v;
   if (bias.defined()) in.bias = bias;
   if (slopes.defined()) in.alibi_slopes = slopes;
+  if (sinks.defined()) in.sinks = sinks;
   if (cu_seqlens_q.defined()) in.cu_seqlens_q = cu_seqlens_q;
   if (cu_seqlens_kv.defined()) in.cu_seqlens_kv = cu_seqlens_kv;
   if (cache) cache->bind(in);
@@ -194,6 +195,12 @@ ProblemData make_data(const Problem& p, const DataSources& src) {
     for (std::int64_t h = 0; h < s.heads_q; ++h) {
       d.slopes.as<float>()[h] = std::fabs(d.slopes.as<float>()[h]);
     }
+  }
+  if (s.softmax_type == attend::SoftmaxType::learnable) {
+    d.sinks = input(src.sinks, "sinks", s.lse_dtype(), {s.heads_q}, src.seed, 7);
+  } else if (src.sinks.tensor.defined()) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--sinks", src.sinks.path,
+                        "sink logits need --softmax-type learnable");
   }
   if (s.varlen()) {
     d.cu_seqlens_q = cu_seqlens(p.lens_q, "cu_seqlens_q");

@@ -43,6 +43,7 @@ struct DataSources {
   std::uint64_t seed = 1;
   bool need_dout = false;
   NpyInput slopes;  // ALiBi slopes, (H) or (B, H) f32; none: random positive slopes
+  NpyInput sinks{};  // softmax_type=learnable: sink logits (H), f32 (f64 problems: f64); none: seeded random
 };
 
 // Sizes the .npy files imply (dense q, k, v of 4 dims in the flags' layout; a
@@ -52,6 +53,7 @@ void sizes_from_files(ProblemFlags& flags, const DataSources& src);
 
 struct ProblemData {
   attend::Tensor q, k, v, dout, bias, slopes, cu_seqlens_q, cu_seqlens_kv;
+  attend::Tensor sinks;  // softmax_type=learnable
   // spec.paged(): k and v above are the dense tokens appended to an
   // attend::KVCache (B, max cached, Hkv, D); the kernels read its pages.
   std::shared_ptr<const attend::KVCache> cache;

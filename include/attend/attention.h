@@ -57,6 +57,7 @@ struct ForwardResult {
 struct Gradients {
   Tensor dq, dk, dv;
   Tensor dbias;  // defined only when spec.bias_requires_grad
+  Tensor dsinks;  // defined only when spec.softmax_type is learnable: (H), the sinks' dtype
   // (Each is undefined when the caller provided that view in CallOptions::grads.)
 };
 

@@ -46,8 +46,9 @@ enum class ReasonCode : std::uint8_t {
   positions,   // q_offset / kv_offset (global positions of a partial problem)
   out_dtype,   // an output dtype other than the input dtype (f32 partials)
   accumulate,  // backward adding into dq/dk/dv instead of overwriting them
+  sinks,       // softmax_type: a sink logit, or the gradient of learnable ones
 };
-inline constexpr int kReasonCodeCount = static_cast<int>(ReasonCode::accumulate) + 1;
+inline constexpr int kReasonCodeCount = static_cast<int>(ReasonCode::sinks) + 1;
 std::string_view to_string(ReasonCode code);
 
 // One unmet requirement: a code plus a sentence naming the field, the value and
@@ -145,6 +146,9 @@ struct Inputs {
   TensorView block_table{}; // (B, max_pages) i32: page ids of each sequence, in token order
   TensorView cache_seqlens{}; // (B) i32: sequence b's keys end at token cache_seqlens[b]
   TensorView cache_leftpad{}; // spec.kv_leftpad: (B) i32, its keys start at token cache_leftpad[b]
+  // softmax_type = learnable: (H) sink logits, f32 (f64 for f64 problems),
+  // finite, entering each row's softmax as given (not scaled or softcapped).
+  TensorView sinks{};
 };
 
 // Caller-provided scratch memory, at least Backend::workspace_bytes. Optional:
@@ -178,6 +182,9 @@ struct BackwardArgs {
   Workspace workspace{};
   Target target{};
   Stream stream{};
+  // softmax_type = learnable: (H), the sinks' dtype; dL/dz_h summed over batch
+  // and query rows. Written, or added to with spec.accumulate_grads.
+  TensorView dsinks{};
 };
 
 struct PlanAccess;

@@ -99,14 +99,16 @@ class KVCache {
 // (B, Sq, H, head_dim_qk) in spec.layout (bshd, bhsd or sbhd) and the cache's
 // dtype, Sq >= 1, with B = cache.batch() and H a multiple of heads_kv. From
 // `spec` only the logit and mask fields are used (scale, causal, window,
-// softcap, alibi, dropout, need_lse); sizes and dtype come from q and the cache. Masks are bottom-right aligned to each
-// sequence's own key count (length - leftpad): with causal, query i of a
-// sequence with L keys sees keys [0, L - Sq + i]. ALiBi needs `alibi_slopes`
-// ((H) or (B, H) f32). Throws attend::Error(invalid_argument) for Mode::training
-// (a cache holds no gradients) or a spec with a bias.
+// softcap, alibi, dropout, need_lse, softmax_type); sizes and dtype come from
+// q and the cache. Masks are bottom-right aligned to each sequence's own key
+// count (length - leftpad): with causal, query i of a sequence with L keys sees
+// keys [0, L - Sq + i]. ALiBi needs `alibi_slopes` ((H) or (B, H) f32);
+// softmax_type = learnable needs `sinks` ((H) f32 sink logits). Throws
+// attend::Error(invalid_argument) for Mode::training (a cache holds no
+// gradients) or a spec with a bias.
 ForwardResult forward_with_kvcache(const TensorView& q, const KVCache& cache, const AttentionSpec& spec,
                                    Mode mode = Mode::inference, const TensorView& alibi_slopes = {},
-                                   const Policy* policy = nullptr);
+                                   const Policy* policy = nullptr, const TensorView& sinks = {});
 
 // The spec and inputs forward_with_kvcache builds (exposed for tools and tests
 // that run a backend directly on the cache). Same checks, same errors.
@@ -115,6 +117,6 @@ struct KVCacheProblem {
   Inputs inputs;
 };
 KVCacheProblem kvcache_problem(const TensorView& q, const KVCache& cache, const AttentionSpec& spec,
-                               const TensorView& alibi_slopes = {});
+                               const TensorView& alibi_slopes = {}, const TensorView& sinks = {});
 
 }  // namespace attend

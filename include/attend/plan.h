@@ -41,6 +41,7 @@ struct RunOptions {
 struct GradViews {
   TensorView dq, dk, dv;
   TensorView dbias{};  // spec.bias_requires_grad only
+  TensorView dsinks{};  // softmax_type = learnable only: (H), the sinks' dtype
 };
 
 class Plan {

@@ -10,6 +10,14 @@
 //   LSE_i = log sum_j exp(s_ij)   (natural log, before dropout)
 // A row with no unmasked key has O_i = 0 and LSE_i = -inf.
 //
+// Attention sinks (softmax_type != vanilla) add one logit z per query head
+// that takes probability mass but carries no value (TransformerEngine's
+// softmax_type, gpt-oss's sinks): P_ij = exp(s_ij) / (exp(z_h) + sum_j exp(s_ij))
+// and LSE_i = log(exp(z_h) + sum_j exp(s_ij)) includes it. z enters as given:
+// not scaled, not softcapped, no ALiBi, bias or mask, never dropped. A row with
+// no unmasked key then has O_i = 0 and LSE_i = z_h. Backward also gives
+// dz_h = -sum_{b,i} exp(z_h - LSE_i) * D_i, D_i = rowsum(dO_i * O_i).
+//
 // Partial problems (context parallelism, split-KV): q_offset / kv_offset shift
 // the query and key positions that masks, ALiBi and the dropout counter use, so
 // a chunk of a longer sequence computes exactly its part of the whole; with
@@ -35,8 +43,17 @@ enum class Mode : std::uint8_t { inference, training };
 // One direction of the computation; backends declare support per pass.
 enum class Pass : std::uint8_t { forward, backward };
 
+// The softmax of each query row (see the header comment):
+//   vanilla     exp(s_ij) / sum_j exp(s_ij)
+//   off_by_one  exp(s_ij) / (1 + sum_j exp(s_ij))          (an implicit sink logit 0)
+//   learnable   exp(s_ij) / (exp(z_h) + sum_j exp(s_ij))   (Inputs::sinks holds z, shape (H))
+enum class SoftmaxType : std::uint8_t { vanilla, off_by_one, learnable };
+
 std::string_view to_string(Mode mode);
 std::string_view to_string(Pass pass);
+std::string_view to_string(SoftmaxType type);
+// "vanilla", "off_by_one" or "learnable"; throws attend::Error naming `field` otherwise.
+SoftmaxType parse_softmax_type(std::string_view text, std::string_view field = "softmax_type");
 
 struct AttentionSpec {
   // --- sizes --------------------------------------------------------------------
@@ -70,6 +87,10 @@ struct AttentionSpec {
   bool alibi = false;           // slopes (f32, shape (H) or (B,H)) passed with the inputs
   bool has_bias = false;        // additive bias (dtype, shape (1|B, 1|H, seqlen_q, seqlen_kv))
   bool bias_requires_grad = false;  // training also produces dbias (same shape as bias)
+  // Attention sinks: off_by_one adds a sink logit 0 to every row's softmax,
+  // learnable one logit per query head from Inputs::sinks ((H), f32; f64 for
+  // f64 problems), whose gradient backward writes to BackwardArgs::dsinks.
+  SoftmaxType softmax_type = SoftmaxType::vanilla;
 
   // --- mask (bottom-right aligned: row i sits at key position i + seqlen_kv - seqlen_q) --
   bool causal = false;              // keep j <= i + Sk - Sq; forces window_right = 0
@@ -115,10 +136,26 @@ struct AttentionSpec {
   DType effective_out_dtype() const { return out_dtype.value_or(dtype); }
   DType lse_dtype() const { return dtype == DType::f64 ? DType::f64 : DType::f32; }
   bool has_offsets() const { return q_offset != 0 || kv_offset != 0; }
+  bool has_sink() const { return softmax_type != SoftmaxType::vanilla; }
 };
 
 // The tensors a spec describes, for expected_shape().
-enum class Role : std::uint8_t { q, k, v, out, lse, dout, dq, dk, dv, bias, cu_seqlens_q, cu_seqlens_kv };
+enum class Role : std::uint8_t {
+  q,
+  k,
+  v,
+  out,
+  lse,
+  dout,
+  dq,
+  dk,
+  dv,
+  bias,
+  cu_seqlens_q,
+  cu_seqlens_kv,
+  sinks,
+  dsinks
+};
 std::string_view to_string(Role role);
 
 // The shape a tensor of `role` must have for `spec`, in spec.layout (bshd:
@@ -133,7 +170,8 @@ struct Shape {
 };
 Shape expected_shape(const AttentionSpec& spec, Role role);
 // The dtype of that tensor (dq: effective_dq_dtype, out/dout: effective_out_dtype,
-// lse: lse_dtype, cu_seqlens: i32, otherwise dtype).
+// lse, sinks and dsinks: lse_dtype, cu_seqlens: i32, otherwise dtype). Sinks
+// and dsinks are (H).
 DType expected_dtype(const AttentionSpec& spec, Role role);
 
 // Checks every field of the spec on its own (no tensors): positive sizes, GQA

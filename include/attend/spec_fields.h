@@ -25,7 +25,8 @@ enum class KeyUse : std::uint8_t {
 struct SpecField {
   using Member = std::variant<std::int64_t AttentionSpec::*, std::uint64_t AttentionSpec::*, double AttentionSpec::*,
                               bool AttentionSpec::*, DType AttentionSpec::*, Layout AttentionSpec::*,
-                              std::optional<double> AttentionSpec::*, std::optional<DType> AttentionSpec::*>;
+                              std::optional<double> AttentionSpec::*, std::optional<DType> AttentionSpec::*,
+                              SoftmaxType AttentionSpec::*>;
   std::string_view name;  // the C++ member, JSON key and Python keyword
   Member member;
   KeyUse key = KeyUse::exact;
@@ -34,8 +35,8 @@ struct SpecField {
 
 // The kind of value a field holds, for front ends that type their arguments
 // (the CLI's flags, Python's keywords): int (int64), uint (uint64), real, bool,
-// dtype or layout (by name).
-enum class FieldKind : std::uint8_t { integer, unsigned_integer, real, boolean, dtype, layout };
+// dtype, layout or softmax_type (by name).
+enum class FieldKind : std::uint8_t { integer, unsigned_integer, real, boolean, dtype, layout, softmax_type };
 std::string_view to_string(FieldKind kind);
 FieldKind field_kind(const SpecField& field);
 // An optional field may be unset: "" in get_field/set_field.
@@ -47,7 +48,7 @@ std::span<const SpecField> spec_fields();
 const SpecField* find_spec_field(std::string_view name);
 
 // The field's value as text: integers and reals in decimal ("0.125"), booleans
-// "true"/"false", dtypes and layouts by name, an unset optional as "".
+// "true"/"false", dtypes, layouts and softmax types by name, an unset optional as "".
 std::string get_field(const AttentionSpec& spec, const SpecField& field);
 // Parses `text` in the form get_field writes ("" unsets an optional) and
 // stores it. Throws attend::Error naming the field and the text when it does

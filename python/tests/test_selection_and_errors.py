@@ -81,12 +81,12 @@ def test_policy_force_and_disable_mirror_the_environment(restore_policy):
 
 
 def test_forced_backend_that_cannot_train_raises_with_its_reasons(restore_policy):
-    q, k, v = tensors(d=300)
+    q, k, v = tensors(d=640)
     q.requires_grad_()
     attend.set_policy(force="flash")
     with pytest.raises(attend.UnsupportedError) as e:
         sdpa(q, k, v)
-    assert "head_dim_qk=300" in str(e.value) and e.value.field == "force"
+    assert "head_dim_qk=640" in str(e.value) and e.value.field == "force"
     attend.set_policy()
     out = sdpa(q, k, v)  # falls back to reference, and says why flash was rejected
     assert at.last_selection().selected == "reference"

@@ -9,7 +9,7 @@ from conftest import math_attention, randn
 
 # A value other than the default for each kind; fields whose valid values depend
 # on others get theirs here (f32 dq/out needs a bf16 problem).
-SAMPLES = {"int": 3, "uint": 7, "real": 0.25, "layout": "bhsd"}
+SAMPLES = {"int": 3, "uint": 7, "real": 0.25, "layout": "bhsd", "softmax_type": "off_by_one"}
 SPECIAL = {"dtype": ("f64", {}), "dq_dtype": ("f32", {"dtype": "bf16"}), "out_dtype": ("f32", {"dtype": "bf16"})}
 
 

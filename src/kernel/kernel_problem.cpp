@@ -17,6 +17,8 @@ void init_kernel_problem(KernelProblem& p, const AttentionSpec& s, const Inputs&
   p.masked = s.is_masked();
   p.seqs = seq_locator(s, in);
   p.slopes = alibi_slopes(s, in);
+  p.sinks.type = s.softmax_type;
+  if (s.softmax_type == SoftmaxType::learnable) p.sinks.logits = in.sinks.as<const float>();
   p.dtype = s.dtype;
   p.q = in.q.data;
   p.k = in.k.data;

@@ -10,6 +10,7 @@
 #include "kernel/layout.h"
 #include "kernel/philox.h"
 #include "kernel/semantics.h"
+#include "kernel/softmax_sink.h"
 
 namespace attend::detail {
 
@@ -26,6 +27,7 @@ struct KernelProblem {
   bool masked = false;  // some window side is bounded
   SeqLocator seqs;      // where sequence b's queries and keys are
   AlibiSlopes slopes;   // slopes.data null: no ALiBi
+  SinkLogits sinks;     // softmax_type: the sink logit of each query head
 
   SeqSpan span(std::int64_t b) const { return seqs(b); }
   KeyRange keys(std::int64_t i, const SeqSpan& s) const { return visible_keys(mask, i, s.q_len, s.kv_len); }

@@ -113,6 +113,13 @@ Gradients run_backward(const Plan& plan, const Inputs& in, const TensorView& out
     // dbias sums over broadcast dims: the kernels accumulate into it, so it starts at zero.
     views.dbias = g.dbias = Tensor::zeros_like(in.bias);
   }
+  if (s.softmax_type == SoftmaxType::learnable && !views.dsinks.defined()) {
+    if (s.accumulate_grads) {
+      throw Error(ErrorCode::invalid_argument, "grads.dsinks", "undefined",
+                  "spec.accumulate_grads adds into dsinks too: pass it in CallOptions::grads");
+    }
+    views.dsinks = g.dsinks = allocate(s, Role::dsinks, device, options.allocator);
+  }
   plan.backward(in, out, lse, dout, views, {{}, options.stream, options.allocator});
   return g;
 }

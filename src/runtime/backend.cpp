@@ -35,6 +35,7 @@ std::string_view to_string(ReasonCode code) {
     case ReasonCode::positions: return "positions";
     case ReasonCode::out_dtype: return "out_dtype";
     case ReasonCode::accumulate: return "accumulate";
+    case ReasonCode::sinks: return "sinks";
   }
   return "other";
 }

@@ -219,7 +219,7 @@ void KVCache::reset(std::int64_t seq) {
 }
 
 KVCacheProblem kvcache_problem(const TensorView& q, const KVCache& cache, const AttentionSpec& spec,
-                               const TensorView& alibi_slopes) {
+                               const TensorView& alibi_slopes, const TensorView& sinks) {
   if (spec.varlen()) invalid("layout", "thd", "queries over a KV cache must be dense: bshd, bhsd or sbhd");
   if (spec.has_bias) invalid("has_bias", "true", "forward_with_kvcache takes no bias");
   if (q.ndim != 4)
@@ -256,6 +256,7 @@ KVCacheProblem kvcache_problem(const TensorView& q, const KVCache& cache, const 
   p.inputs.q = q;
   cache.bind(p.inputs);
   if (s.alibi) p.inputs.alibi_slopes = alibi_slopes;
+  if (s.softmax_type == SoftmaxType::learnable) p.inputs.sinks = sinks;
   validate_inputs(s, p.inputs);
   return p;
 }
@@ -269,13 +270,13 @@ void KVCache::bind(Inputs& in) const {
 }
 
 ForwardResult forward_with_kvcache(const TensorView& q, const KVCache& cache, const AttentionSpec& spec, Mode mode,
-                                   const TensorView& alibi_slopes, const Policy* policy) {
+                                   const TensorView& alibi_slopes, const Policy* policy, const TensorView& sinks) {
   if (mode == Mode::training) {
     invalid("mode", "training",
             "forward_with_kvcache is inference-only: a KV cache holds no gradients (train with attend::forward "
             "on dense K/V)");
   }
-  const KVCacheProblem p = kvcache_problem(q, cache, spec, alibi_slopes);
+  const KVCacheProblem p = kvcache_problem(q, cache, spec, alibi_slopes, sinks);
   return forward(p.inputs, p.spec, Mode::inference, policy);
 }
 

@@ -78,8 +78,8 @@ void Plan::backward(const Inputs& in, const TensorView& out, const TensorView& l
                     std::string(backend_->name()) + "' has a backward for this problem");
   }
   require_device(*this, in.q);
-  BackwardArgs args{spec_,    in,       out,         lse,           dout,    grads.dq,
-                    grads.dk, grads.dv, grads.dbias, run.workspace, target_, run.stream};
+  BackwardArgs args{spec_,    in,          out,           lse,     dout,       grads.dq,    grads.dk,
+                    grads.dv, grads.dbias, run.workspace, target_, run.stream, grads.dsinks};
   detail::validate_backward_tensors(args);
   const detail::ScopedWorkspace ws(PlanAccess::scratch(*backend_, spec_, Pass::backward, target_), run.workspace,
                                    run.allocator, target_.device, backend_->name(), Pass::backward);

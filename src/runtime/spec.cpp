@@ -14,6 +14,23 @@ namespace attend {
 std::string_view to_string(Mode mode) { return mode == Mode::training ? "training" : "inference"; }
 std::string_view to_string(Pass pass) { return pass == Pass::backward ? "backward" : "forward"; }
 
+std::string_view to_string(SoftmaxType type) {
+  switch (type) {
+    case SoftmaxType::vanilla: return "vanilla";
+    case SoftmaxType::off_by_one: return "off_by_one";
+    case SoftmaxType::learnable: return "learnable";
+  }
+  return "?";
+}
+
+SoftmaxType parse_softmax_type(std::string_view text, std::string_view field) {
+  for (SoftmaxType t : {SoftmaxType::vanilla, SoftmaxType::off_by_one, SoftmaxType::learnable}) {
+    if (text == to_string(t)) return t;
+  }
+  throw Error(ErrorCode::invalid_argument, std::string(field), std::string(text),
+              "expected vanilla, off_by_one or learnable");
+}
+
 double AttentionSpec::effective_scale() const {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim_qk));
 }
@@ -155,6 +172,7 @@ std::string describe(const AttentionSpec& s) {
   if (s.effective_out_dtype() != s.dtype) os << " out=" << to_string(s.effective_out_dtype());
   if (s.has_offsets()) os << " offsets(" << s.q_offset << ',' << s.kv_offset << ')';
   if (s.accumulate_grads) os << " accumulate";
+  if (s.has_sink()) os << " sinks=" << to_string(s.softmax_type);
   return os.str();
 }
 
@@ -172,6 +190,8 @@ std::string_view to_string(Role role) {
     case Role::bias: return "bias";
     case Role::cu_seqlens_q: return "cu_seqlens_q";
     case Role::cu_seqlens_kv: return "cu_seqlens_kv";
+    case Role::sinks: return "sinks";
+    case Role::dsinks: return "dsinks";
   }
   return "?";
 }
@@ -203,6 +223,8 @@ Shape expected_shape(const AttentionSpec& s, Role role) {
     case Role::bias: return {4, {s.batch, s.heads_q, s.seqlen_q, s.seqlen_kv}};
     case Role::cu_seqlens_q:
     case Role::cu_seqlens_kv: return {1, {s.batch + 1}};
+    case Role::sinks:
+    case Role::dsinks: return {1, {s.heads_q}};
   }
   return {};
 }
@@ -212,7 +234,9 @@ DType expected_dtype(const AttentionSpec& s, Role role) {
     case Role::dq: return s.effective_dq_dtype();
     case Role::out:
     case Role::dout: return s.effective_out_dtype();
-    case Role::lse: return s.lse_dtype();
+    case Role::lse:
+    case Role::sinks:
+    case Role::dsinks: return s.lse_dtype();
     case Role::cu_seqlens_q:
     case Role::cu_seqlens_kv: return DType::i32;
     default: return s.dtype;

@@ -37,6 +37,8 @@ constexpr SpecField kFields[] = {
     {"alibi", &S::alibi, KeyUse::exact, "add -slope*|distance| (slopes f32, (H) or (B,H))"},
     {"has_bias", &S::has_bias, KeyUse::exact, "additive bias (1|B, 1|H, Sq, Sk)"},
     {"bias_requires_grad", &S::bias_requires_grad, KeyUse::exact, "training also computes dbias"},
+    {"softmax_type", &S::softmax_type, KeyUse::exact,
+     "vanilla, off_by_one (sink logit 0) or learnable (sink logits (H) f32, with gradient)"},
     {"causal", &S::causal, KeyUse::exact, "bottom-right aligned causal mask (forces window_right = 0)"},
     {"window_left", &S::window_left, KeyUse::exact, "keys at most this far left of the diagonal; -1 unbounded"},
     {"window_right", &S::window_right, KeyUse::exact, "keys at most this far right of the diagonal; -1 unbounded"},
@@ -102,6 +104,7 @@ std::string_view to_string(FieldKind kind) {
     case FieldKind::boolean: return "bool";
     case FieldKind::dtype: return "dtype";
     case FieldKind::layout: return "layout";
+    case FieldKind::softmax_type: return "softmax_type";
   }
   return "?";
 }
@@ -118,6 +121,8 @@ FieldKind field_kind(const SpecField& field) {
           return FieldKind::dtype;
         else if constexpr (std::is_same_v<T, Layout>)
           return FieldKind::layout;
+        else if constexpr (std::is_same_v<T, SoftmaxType>)
+          return FieldKind::softmax_type;
         else if constexpr (std::is_same_v<T, std::uint64_t>)
           return FieldKind::unsigned_integer;
         else
@@ -147,7 +152,7 @@ std::string get_field(const AttentionSpec& spec, const SpecField& field) {
           return v ? "true" : "false";
         else if constexpr (std::is_same_v<T, double>)
           return real(v);
-        else if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout>)
+        else if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout> || std::is_same_v<T, SoftmaxType>)
           return std::string(to_string(v));
         else if constexpr (std::is_same_v<T, std::optional<double>>)
           return v ? real(*v) : "";
@@ -176,6 +181,8 @@ void set_field(AttentionSpec& spec, const SpecField& field, std::string_view tex
           } catch (const Error&) {
             bad(field, text, "bshd, bhsd, sbhd or thd");
           }
+        } else if constexpr (std::is_same_v<T, SoftmaxType>) {
+          v = parse_softmax_type(text, field.name);
         } else if constexpr (std::is_same_v<T, std::optional<double>>) {
           v = text.empty() ? std::optional<double>{} : parse_number<double>(field, text);
         } else if constexpr (std::is_same_v<T, std::optional<DType>>) {
@@ -195,6 +202,7 @@ std::string spec_to_json(const AttentionSpec& spec) {
     const std::string v = get_field(spec, f);
     const bool quoted = std::holds_alternative<DType AttentionSpec::*>(f.member) ||
                         std::holds_alternative<Layout AttentionSpec::*>(f.member) ||
+                        std::holds_alternative<SoftmaxType AttentionSpec::*>(f.member) ||
                         std::holds_alternative<std::optional<DType> AttentionSpec::*>(f.member);
     if (v.empty())
       out += "null";

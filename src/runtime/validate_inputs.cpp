@@ -1,5 +1,7 @@
 // Tensor validation: every view a backend will read or write is checked against
 // the spec before any kernel runs, so kernels may index without bounds checks.
+#include <cmath>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -162,6 +164,21 @@ void check_paged_contents(const AttentionSpec& s, const Inputs& in) {
   }
 }
 
+// A NaN or infinite sink logit would make every row of its head NaN (or, for
+// -inf, silently vanilla): rejected by name instead.
+void check_sinks(const AttentionSpec& s, const TensorView& z) {
+  for (std::int64_t h = 0; h < s.heads_q; ++h) {
+    const double x = z.dtype == DType::f64 ? z.as<const double>()[h * z.strides[0]]
+                                           : static_cast<double>(z.as<const float>()[h * z.strides[0]]);
+    if (!std::isfinite(x)) {
+      std::ostringstream os;
+      os << x;
+      throw Error(ErrorCode::invalid_argument, "sinks[" + std::to_string(h) + "]", os.str(),
+                  "sink logits must be finite");
+    }
+  }
+}
+
 // dk/dv of paged pools have the pools' shapes; otherwise the spec's.
 Dims grad_shape(const AttentionSpec& s, Role role, const TensorView& input) {
   if (s.paged()) return Dims(input.shape.begin(), input.shape.begin() + input.ndim);
@@ -197,6 +214,11 @@ void validate_input_shapes(const AttentionSpec& s, const Inputs& in) {
   } else {
     check_absent("alibi_slopes", in.alibi_slopes, "alibi");
   }
+  if (s.softmax_type == SoftmaxType::learnable) {
+    check_view("sinks", in.sinks, s.lse_dtype(), {s.heads_q}, dev);
+  } else {
+    check_absent("sinks", in.sinks, "softmax_type=learnable");
+  }
   if (s.varlen()) {
     check_view("cu_seqlens_q", in.cu_seqlens_q, DType::i32, {detail::checked_add(s.batch, 1, "cu_seqlens_q")}, dev);
     check_view("cu_seqlens_kv", in.cu_seqlens_kv, DType::i32, {detail::checked_add(s.batch, 1, "cu_seqlens_kv")}, dev);
@@ -213,6 +235,7 @@ void validate_contents(const AttentionSpec& s, const Inputs& in) {
     check_cu_seqlens("cu_seqlens_kv", in.cu_seqlens_kv, s, s.total_kv, s.seqlen_kv, "seqlen_kv");
   }
   if (s.paged()) check_paged_contents(s, in);
+  if (s.softmax_type == SoftmaxType::learnable) check_sinks(s, in.sinks);
 }
 
 void validate_inputs(const AttentionSpec& s, const Inputs& in) {
@@ -247,6 +270,11 @@ void validate_backward_tensors(const BackwardArgs& a) {
     check_view("dbias", a.dbias, s.dtype, Dims(b.shape.begin(), b.shape.begin() + b.ndim), dev);
   } else {
     check_absent("dbias", a.dbias, "bias_requires_grad");
+  }
+  if (s.softmax_type == SoftmaxType::learnable) {
+    check_view("dsinks", a.dsinks, s.lse_dtype(), {s.heads_q}, dev);
+  } else {
+    check_absent("dsinks", a.dsinks, "softmax_type=learnable");
   }
   validate_contents(s, a.in);
 }

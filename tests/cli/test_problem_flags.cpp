@@ -30,9 +30,13 @@ std::vector<std::string> args_setting(const attend::SpecField& f, std::string& v
       {"dq_dtype", {"--dtype", "bf16"}},
       {"out_dtype", {"--dtype", "bf16"}},
       {"bias_requires_grad", {"--bias", "head"}}};
-  static const std::map<std::string, std::string, std::less<>> special = {{"heads_q", "8"},     {"heads_kv", "2"},
-                                                                          {"dtype", "f64"},     {"dq_dtype", "f32"},
-                                                                          {"out_dtype", "f32"}, {"layout", "bhsd"}};
+  static const std::map<std::string, std::string, std::less<>> special = {{"heads_q", "8"},
+                                                                          {"heads_kv", "2"},
+                                                                          {"dtype", "f64"},
+                                                                          {"dq_dtype", "f32"},
+                                                                          {"out_dtype", "f32"},
+                                                                          {"layout", "bhsd"},
+                                                                          {"softmax_type", "off_by_one"}};
   const attend::AttentionSpec defaults;
   if (const auto it = special.find(f.name); it != special.end()) {
     value = it->second;

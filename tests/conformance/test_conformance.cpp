@@ -58,6 +58,24 @@ std::vector<FeatureCase> cases() {
   c = make_case("bhsd_layout", 17, 23, 32, 32);
   c.layout = Layout::bhsd;
   v.push_back(c);
+  // Attention sinks: an implicit logit 0, and learned per-head logits with
+  // their gradient, over masks that leave rows empty and GQA groups.
+  c = make_case("sink_off_by_one_causal", 31, 20, 32, 32, 4, 2);
+  c.causal = true;
+  c.softmax = SoftmaxType::off_by_one;
+  v.push_back(c);
+  c = make_case("sink_learnable_window_softcap_mqa", 40, 52, 32, 32, 4, 1);
+  c.wl = 9;
+  c.wr = 3;
+  c.softcap = 8;
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
+  c = make_case("sink_learnable_varlen", 0, 0, 32, 32, 4, 2);
+  c.lens_q = {5, 0, 17};
+  c.lens_kv = {9, 3, 17};
+  c.causal = true;
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
   return v;
 }
 
@@ -115,10 +133,14 @@ TEST(Conformance, EveryBackendAndVariantMatchesTheReferenceWhereItsCheckAccepts)
           ++tally[label + " backward"].ran;
           Tensor dq = Tensor::zeros_like(p32.q), dk = Tensor::zeros_like(p32.k), dv = Tensor::zeros_like(p32.v);
           Tensor dbias = s.bias_requires_grad ? Tensor::zeros_like(p32.bias) : Tensor{};
-          backend.backward(BackwardArgs{s, p32.inputs, out, lse, p32.dout, dq, dk, dv, dbias, {}, target});
+          Tensor dsinks = ref.dsinks.defined() ? Tensor::zeros(DType::f32, {s.heads_q}) : Tensor{};
+          backend.backward(BackwardArgs{s, p32.inputs, out, lse, p32.dout, dq, dk, dv, dbias, {}, target, {}, dsinks});
           testing::expect_within_baseline("dq", dq, base.dq, ref.dq, 3, grads);
           testing::expect_within_baseline("dk", dk, base.dk, ref.dk, 3, grads);
           testing::expect_within_baseline("dv", dv, base.dv, ref.dv, 3, grads);
+          if (dsinks.defined()) {
+            testing::expect_within_baseline("dsinks", dsinks, base.dsinks, ref.dsinks, 3, testing::max_abs(ref.dsinks));
+          }
         }
       }
     }

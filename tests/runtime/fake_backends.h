@@ -42,6 +42,9 @@ class ForwardOnlyMismatchBackend final : public Backend {
                       std::to_string(s.head_dim_v));
       sup.require(s.head_dim_v <= 256, ReasonCode::head_dim_v,
                   "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the backward limit 256");
+      // Like TransformerEngine's backends that take sinks in forward only.
+      sup.require(s.softmax_type != SoftmaxType::learnable, ReasonCode::sinks,
+                  "softmax_type=learnable: no gradient for the sink logits in backward");
     }
     // Every pass says how it runs, so tests can see which notes an explanation shows.
     sup.note(std::string(to_string(pass)) + " computed through the reference (a test backend)");

@@ -60,7 +60,7 @@ void append_all(KVCache& cache, Shadow& sh, std::int64_t s_new, const std::vecto
 // Reference forward over a gathered dense (varlen thd) copy of the cache's
 // keys [leftpad, length) of each sequence, with the same queries.
 testing::PassResults gathered_reference(const KVCache& cache, const Shadow& sh, const Tensor& q, AttentionSpec s,
-                                        const Tensor& slopes) {
+                                        const Tensor& slopes, const Tensor& sinks = {}) {
   const KVCacheConfig& c = cache.config();
   const std::int64_t B = c.batch, sq = q.view().shape[1], H = q.view().shape[2];
   std::vector<std::int32_t> lq(static_cast<std::size_t>(B), static_cast<std::int32_t>(sq)), lk;
@@ -84,6 +84,10 @@ testing::PassResults gathered_reference(const KVCache& cache, const Shadow& sh, 
   if (s.alibi) {
     p.slopes = slopes;
     p.inputs.alibi_slopes = slopes;
+  }
+  if (sinks.defined()) {
+    p.sinks = sinks;
+    p.inputs.sinks = sinks;
   }
   return testing::run_backend(*make_reference_backend(), testing::problem_as_f64(p), false);
 }
@@ -235,6 +239,7 @@ struct CacheCase {
   std::int64_t window_left;
   double softcap;
   const char* backend;  // expected selection
+  SoftmaxType softmax = SoftmaxType::vanilla;
 };
 
 class KVCacheAttention : public KVCacheTest, public ::testing::WithParamInterface<CacheCase> {};
@@ -259,12 +264,18 @@ TEST_P(KVCacheAttention, MatchesReferenceOnAGatheredDenseCopy) {
     slopes = Tensor::zeros(DType::f32, {cc.heads_q});
     for (std::int64_t h = 0; h < cc.heads_q; ++h) slopes.as<float>()[h] = 0.05f * static_cast<float>(h + 1);
   }
+  s.softmax_type = cc.softmax;
+  Tensor sinks;
+  if (cc.softmax == SoftmaxType::learnable) {
+    sinks = Tensor::zeros(DType::f32, {cc.heads_q});
+    for (std::int64_t h = 0; h < cc.heads_q; ++h) sinks.as<float>()[h] = 0.7f * static_cast<float>(h) - 1.0f;
+  }
   const Tensor q = random({3, cc.sq, cc.heads_q, 24}, 5);
-  const ForwardResult r = forward_with_kvcache(q, cache, s, Mode::inference, slopes);
+  const ForwardResult r = forward_with_kvcache(q, cache, s, Mode::inference, slopes, nullptr, sinks);
   EXPECT_EQ(r.ctx.backend().name(), cc.backend);
   EXPECT_EQ(r.ctx.spec().kv_page_size, cc.page);
   EXPECT_TRUE(r.ctx.spec().kv_leftpad);
-  expect_close_to_gathered(r, gathered_reference(cache, sh, q, s, slopes), 3, cc.heads_q, cc.sq);
+  expect_close_to_gathered(r, gathered_reference(cache, sh, q, s, slopes, sinks), 3, cc.heads_q, cc.sq);
   EXPECT_THROW((void)backward(r.ctx, r.out), Error);  // an inference context
 }
 
@@ -274,12 +285,17 @@ INSTANTIATE_TEST_SUITE_P(
         CacheCase{64, 1, 4, true, false, -1, 0, "decode"}, CacheCase{1, 1, 2, false, false, -1, 0, "decode"},
         CacheCase{16, 3, 8, true, true, 100, 0, "decode"}, CacheCase{4, 2, 4, true, false, -1, 8.0, "decode"},
         // prefill: a query block too long for decode runs on flash, from the same pages
-        CacheCase{64, 40, 4, true, false, -1, 0, "flash"}, CacheCase{8, 33, 2, true, true, 64, 0, "flash"}),
+        CacheCase{64, 40, 4, true, false, -1, 0, "flash"}, CacheCase{8, 33, 2, true, true, 64, 0, "flash"},
+        // attention sinks on both paths
+        CacheCase{16, 1, 4, true, false, -1, 0, "decode", SoftmaxType::learnable},
+        CacheCase{4, 2, 8, true, false, -1, 0, "decode", SoftmaxType::off_by_one},
+        CacheCase{64, 40, 4, true, false, -1, 0, "flash", SoftmaxType::learnable}),
     [](const ::testing::TestParamInfo<CacheCase>& param_info) {
       const CacheCase& c = param_info.param;
       return std::string(c.backend) + "_page" + std::to_string(c.page) + "_sq" + std::to_string(c.sq) + "_h" +
              std::to_string(c.heads_q) + (c.causal ? "_causal" : "") + (c.alibi ? "_alibi" : "") +
-             (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "") + (c.softcap > 0 ? "_softcap" : "");
+             (c.window_left >= 0 ? "_window" + std::to_string(c.window_left) : "") + (c.softcap > 0 ? "_softcap" : "") +
+             (c.softmax != SoftmaxType::vanilla ? "_" + std::string(to_string(c.softmax)) : "");
     });
 
 // bf16/f16 caches: pages in the cache's dtype, read by decode (single queries)

@@ -37,6 +37,7 @@ struct Case {
   DType dtype;
   bool causal, alibi, dropout;
   std::int64_t window_left;
+  SoftmaxType softmax = SoftmaxType::vanilla;
 };
 
 AttentionSpec whole_spec(const Case& c) {
@@ -51,6 +52,7 @@ AttentionSpec whole_spec(const Case& c) {
   s.causal = c.causal;
   s.alibi = c.alibi;
   s.window_left = c.window_left;
+  s.softmax_type = c.softmax;
   if (c.dropout) {
     s.dropout_p = 0.2;
     s.dropout_seed = 1234;
@@ -76,6 +78,7 @@ void check_chunks(const Backend& backend, const Case& c, double tol) {
   // Partials keep full precision until merged (f64 problems already do).
   const DType part_dtype = ws.dtype == DType::f64 ? DType::f64 : DType::f32;
   Tensor dq = Tensor::zeros_like(p.q), dk = Tensor::zeros_like(p.k), dv = Tensor::zeros_like(p.v);
+  Tensor dsinks = Tensor::zeros(ws.lse_dtype(), {ws.heads_q});
   for (std::int64_t qc = 0; qc < kChunks; ++qc) {
     std::vector<Tensor> outs, lses;
     std::vector<Partial> parts;
@@ -85,7 +88,10 @@ void check_chunks(const Backend& backend, const Case& c, double tol) {
     for (std::int64_t kc = 0; kc < kChunks; ++kc) {
       s.kv_offset = kc * kChunk;
       if (part_dtype != ws.dtype) s.out_dtype = part_dtype;
+      // The sink rule (docs/semantics.md §1a): key chunk 0 carries the sink, the rest run vanilla.
+      s.softmax_type = kc == 0 ? ws.softmax_type : SoftmaxType::vanilla;
       Inputs in = p.inputs;
+      if (kc != 0) in.sinks = {};
       in.q = rows(p.q, qc * kChunk, kChunk);
       in.k = rows(p.k, kc * kChunk, kChunk);
       in.v = rows(p.v, kc * kChunk, kChunk);
@@ -109,7 +115,10 @@ void check_chunks(const Backend& backend, const Case& c, double tol) {
       s.q_offset = qc * kChunk;
       s.kv_offset = kc * kChunk;
       s.accumulate_grads = true;
+      s.softmax_type = kc == 0 ? ws.softmax_type : SoftmaxType::vanilla;
+      const bool learnable = s.softmax_type == SoftmaxType::learnable;
       Inputs in = p.inputs;
+      if (kc != 0) in.sinks = {};
       in.q = rows(p.q, qc * kChunk, kChunk);
       in.k = rows(p.k, kc * kChunk, kChunk);
       in.v = rows(p.v, kc * kChunk, kChunk);
@@ -121,12 +130,19 @@ void check_chunks(const Backend& backend, const Case& c, double tol) {
                                     rows(dq, qc * kChunk, kChunk),
                                     rows(dk, kc * kChunk, kChunk),
                                     rows(dv, kc * kChunk, kChunk),
-                                    {}});
+                                    {},
+                                    {},
+                                    {},
+                                    {},
+                                    learnable ? dsinks.view() : TensorView{}});
     }
   }
   EXPECT_LE(max_abs_diff(dq, want.dq), 4 * tol) << "accumulated dq";
   EXPECT_LE(max_abs_diff(dk, want.dk), 4 * tol) << "accumulated dk";
   EXPECT_LE(max_abs_diff(dv, want.dv), 4 * tol) << "accumulated dv";
+  if (ws.softmax_type == SoftmaxType::learnable) {
+    EXPECT_LE(max_abs_diff(dsinks, want.dsinks), 4 * tol * testing::max_abs(want.dsinks)) << "accumulated dsinks";
+  }
 }
 
 TEST_P(ChunkedProblem, ReferenceChunksWithOffsetsEqualTheWholeProblem) {
@@ -139,13 +155,17 @@ TEST_P(ChunkedProblem, FlashChunksWithOffsetsEqualTheWholeProblem) {
   check_chunks(*make_flash_backend(), GetParam(), 2e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, ChunkedProblem,
-                         ::testing::Values(Case{"plain", DType::f32, false, false, false, -1},
-                                           Case{"causal", DType::f32, true, false, false, -1},
-                                           Case{"causal_alibi_dropout", DType::f32, true, true, true, -1},
-                                           Case{"window_alibi", DType::f32, false, true, false, 13},
-                                           Case{"causal_window_dropout", DType::f32, true, false, true, 17}),
-                         [](const auto& param_info) { return std::string(param_info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ChunkedProblem,
+    ::testing::Values(Case{"plain", DType::f32, false, false, false, -1},
+                      Case{"causal", DType::f32, true, false, false, -1},
+                      Case{"causal_alibi_dropout", DType::f32, true, true, true, -1},
+                      Case{"window_alibi", DType::f32, false, true, false, 13},
+                      Case{"causal_window_dropout", DType::f32, true, false, true, 17},
+                      Case{"causal_learnable_sinks", DType::f32, true, false, false, -1, SoftmaxType::learnable},
+                      Case{"window_dropout_learnable_sinks", DType::f32, false, true, true, 13, SoftmaxType::learnable},
+                      Case{"causal_off_by_one", DType::f32, true, false, false, -1, SoftmaxType::off_by_one}),
+    [](const auto& param_info) { return std::string(param_info.param.name); });
 
 TEST(Merge, OnePartIsCopiedAndEmptyRowsStayZeroWithMinusInfinity) {
   AttentionSpec s;

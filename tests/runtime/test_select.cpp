@@ -123,6 +123,40 @@ INSTANTIATE_TEST_SUITE_P(Mla, MismatchedHeadDims, ::testing::Values(std::pair{19
                                   std::to_string(param_info.param.second);
                          });
 
+// The seed scenario for attention sinks: a backend that takes sinks in forward
+// but has no sink-logit gradient is rejected for training, with that reason,
+// and kept for inference.
+TEST_F(SelectTest, LearnableSinksTrainingRejectsBackendWithoutSinkGradient) {
+  AttentionSpec s = mla_spec(64, 64);
+  s.softmax_type = SoftmaxType::learnable;
+  const Selection train = select(s, Mode::training);
+  EXPECT_EQ(train.backend->name(), "reference");
+  const Verdict& v = train.verdicts[0];
+  ASSERT_EQ(v.backend, "fa3_like");
+  EXPECT_TRUE(v.forward.ok());
+  ASSERT_TRUE(v.backward.has_value());
+  EXPECT_TRUE(v.backward->failed(ReasonCode::sinks));
+  EXPECT_NE(train.explain().find("softmax_type=learnable: no gradient for the sink logits"), std::string::npos)
+      << train.explain();
+  EXPECT_EQ(select(s, Mode::inference).backend->name(), "fa3_like");
+  // off_by_one has no gradient to return: the same backend trains it.
+  s.softmax_type = SoftmaxType::off_by_one;
+  EXPECT_EQ(select(s, Mode::training).backend->name(), "fa3_like");
+}
+
+TEST_F(SelectTest, LearnableSinksTrainingStepReturnsDsinksThroughTheFallback) {
+  AttentionSpec s = mla_spec(64, 64);
+  s.softmax_type = SoftmaxType::learnable;
+  auto p = make_problem(s, 7);
+  auto fwd = forward(p.inputs, p.spec, Mode::training);
+  EXPECT_EQ(fwd.ctx.backend().name(), "reference");
+  const Gradients g = backward(fwd.ctx, p.dout);
+  ASSERT_TRUE(g.dsinks.defined());
+  EXPECT_EQ(g.dsinks.view().shape[0], s.heads_q);
+  EXPECT_GT(testing::max_abs(g.dsinks), 1e-6);
+  EXPECT_EQ(fake->counts->backwards.load(), 0);
+}
+
 TEST_F(SelectTest, SquareHeadDimsTrainingPrefersHigherPriorityBackend) {
   EXPECT_EQ(select(mla_spec(64, 64), Mode::training).backend->name(), "fa3_like");
 }

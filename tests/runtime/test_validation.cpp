@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "attend/attend.h"
+#include "attend/spec_fields.h"
 #include "support/half_baseline.h"
 #include "support/tensors.h"
 
@@ -217,6 +218,42 @@ TEST(InputValidation, ShapeMismatchNamesTensorAndDim) {
   in = p.inputs;
   in.q.ndim = 3;
   expect_error([&] { validate_inputs(p.spec, in); }, ErrorCode::shape_mismatch, "q.shape");
+}
+
+TEST(InputValidation, SinksAreRequiredShapedAndFiniteForLearnableOnly) {
+  AttentionSpec s = small_spec();
+  s.softmax_type = SoftmaxType::learnable;
+  auto p = make_problem(s, 1);
+  EXPECT_NO_THROW(validate_inputs(p.spec, p.inputs));
+  Inputs in = p.inputs;
+  in.sinks = {};
+  expect_error([&] { validate_inputs(p.spec, in); }, ErrorCode::invalid_argument, "sinks");
+  Tensor wrong = Tensor::zeros(DType::f32, {p.spec.heads_q + 1});
+  in.sinks = wrong;
+  expect_error([&] { validate_inputs(p.spec, in); }, ErrorCode::shape_mismatch, "sinks.shape[0]");
+  Tensor f64 = Tensor::zeros(DType::f64, {p.spec.heads_q});
+  in.sinks = f64;
+  expect_error([&] { validate_inputs(p.spec, in); }, ErrorCode::invalid_argument, "sinks.dtype");
+  Tensor bad = Tensor::zeros(DType::f32, {p.spec.heads_q});
+  bad.as<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+  in.sinks = bad;
+  expect_error([&] { validate_inputs(p.spec, in); }, ErrorCode::invalid_argument, "sinks[1]");
+  bad.as<float>()[1] = -std::numeric_limits<float>::infinity();
+  expect_error([&] { validate_inputs(p.spec, in); }, ErrorCode::invalid_argument, "sinks[1]");
+  // Given without a learnable softmax: rejected rather than ignored.
+  AttentionSpec off = p.spec;
+  off.softmax_type = SoftmaxType::off_by_one;
+  expect_error([&] { validate_inputs(off, p.inputs); }, ErrorCode::invalid_argument, "sinks");
+}
+
+TEST(SpecValidation, SoftmaxTypeParsesByNameAndNamesTheFieldOtherwise) {
+  AttentionSpec s;
+  set_field(s, *find_spec_field("softmax_type"), "off_by_one");
+  EXPECT_EQ(s.softmax_type, SoftmaxType::off_by_one);
+  EXPECT_EQ(get_field(s, *find_spec_field("softmax_type")), "off_by_one");
+  expect_error([&] { set_field(s, *find_spec_field("softmax_type"), "sink"); }, ErrorCode::invalid_argument,
+               "softmax_type");
+  EXPECT_NE(signature(s), signature(AttentionSpec{}));
 }
 
 TEST(InputValidation, LayoutMismatchIsDetected) {

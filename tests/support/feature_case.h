@@ -26,6 +26,7 @@ struct FeatureCase {
   std::vector<std::int32_t> lens_q, lens_kv;  // varlen when lens_q is non-empty; paged: stored lengths
   std::int64_t page = 0;                      // > 0: paged K/V with this page size
   std::vector<std::int32_t> leftpad;          // paged: per-sequence left padding
+  SoftmaxType softmax = SoftmaxType::vanilla;  // attention sinks
 
   AttentionSpec spec(std::uint64_t dropout_seed) const {
     AttentionSpec s;
@@ -44,6 +45,7 @@ struct FeatureCase {
     s.has_bias = bias;
     s.dropout_p = dropout;
     s.dropout_seed = dropout_seed;
+    s.softmax_type = softmax;
     s.layout = (lens_q.empty() || page > 0) ? layout : Layout::thd;
     return s;
   }

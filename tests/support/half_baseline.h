@@ -43,6 +43,10 @@ inline Problem problem_as(const Problem& p, DType dtype) {
   d.inputs.k = d.k;
   d.inputs.v = d.v;
   if (d.bias.defined()) d.inputs.bias = d.bias;
+  if (p.sinks.defined()) {  // sink logits are f32, f64 for f64 problems
+    d.sinks = convert(p.sinks, d.spec.lse_dtype());
+    d.inputs.sinks = d.sinks;
+  }
   return d;
 }
 
@@ -112,6 +116,8 @@ inline void expect_half_results(const PassResults& got, const HalfBaseline& b, D
   expect_half_within("dq", got.dq, b.naive.dq, b.ref.dq, 3, dtype, largest);
   expect_half_within("dk", got.dk, b.naive.dk, b.ref.dk, 3, dtype, largest);
   expect_half_within("dv", got.dv, b.naive.dv, b.ref.dv, 3, dtype, largest);
+  // dsinks is f32, formed from O and dO in the input dtype: that dtype's floor.
+  if (b.ref.dsinks.defined()) expect_half_within("dsinks", got.dsinks, b.naive.dsinks, b.ref.dsinks, 3, dtype);
 }
 
 // spec.dq_dtype = f32 on a bf16/f16 problem: dq comes back in f32, is the

@@ -59,6 +59,7 @@ struct Problem {
   AttentionSpec spec;
   Tensor q, k, v, dout, bias, slopes, cu_q, cu_kv;
   Inputs inputs;
+  Tensor sinks{};  // softmax_type = learnable: (H) sink logits
 };
 
 // Random q, k, v, dout (and bias/slopes when the spec asks). For varlen pass
@@ -103,6 +104,13 @@ inline Problem make_problem(AttentionSpec s, std::uint64_t seed, std::vector<std
       p.slopes.as<float>()[h] = std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(s.heads_q));
     }
     p.inputs.alibi_slopes = p.slopes;
+  }
+  if (s.softmax_type == SoftmaxType::learnable) {
+    // Around the logits' own size, so that the sink takes a real share of some
+    // rows and almost none of others.
+    p.sinks = Tensor::zeros(s.lse_dtype(), {s.heads_q});
+    fill_normal(p.sinks, seed + 5, 1.5);
+    p.inputs.sinks = p.sinks;
   }
   p.spec = s;
   return p;
@@ -165,12 +173,15 @@ inline Problem problem_as_f64(const Problem& p) {
   d.cu_q = p.cu_q;
   d.cu_kv = p.cu_kv;
   d.inputs = {d.q, d.k, d.v, d.bias, d.slopes, d.cu_q, d.cu_kv};
+  d.sinks = to_f64(p.sinks);
+  d.inputs.sinks = d.sinks;
   return d;
 }
 
 // Forward (and backward) outputs of one backend on one problem.
 struct PassResults {
   Tensor out, lse, dq, dk, dv, dbias;
+  Tensor dsinks{};  // softmax_type = learnable
 };
 
 inline PassResults run_backend(const Backend& backend, const Problem& p, bool with_backward) {
@@ -187,7 +198,8 @@ inline PassResults run_backend(const Backend& backend, const Problem& p, bool wi
     r.dk = Tensor::zeros_like(p.k);
     r.dv = Tensor::zeros_like(p.v);
     if (s.bias_requires_grad) r.dbias = Tensor::zeros_like(p.bias);
-    backend.backward(BackwardArgs{s, p.inputs, r.out, r.lse, p.dout, r.dq, r.dk, r.dv, r.dbias});
+    if (s.softmax_type == SoftmaxType::learnable) r.dsinks = Tensor::zeros(s.lse_dtype(), {s.heads_q});
+    backend.backward(BackwardArgs{s, p.inputs, r.out, r.lse, p.dout, r.dq, r.dk, r.dv, r.dbias, {}, {}, {}, r.dsinks});
   }
   return r;
 }

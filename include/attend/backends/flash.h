@@ -26,7 +26,11 @@
 
 namespace attend {
 
-inline constexpr std::int64_t kFlashMaxHeadDimQk = 256;
+// Head-dim limits of both passes: up to absorbed multi-head latent attention
+// (DeepSeek's MLA with the up-projections folded into q and out: qk = 512 + 64
+// rope dims = 576, v = 512, one shared latent KV head). Tiles are sized from the
+// head dims at run time (heap workspace), so no limit comes from the stack.
+inline constexpr std::int64_t kFlashMaxHeadDimQk = 576;
 inline constexpr std::int64_t kFlashMaxHeadDimV = 512;
 
 std::shared_ptr<const Backend> make_flash_backend();

@@ -132,9 +132,11 @@ struct RowSink {
     const std::int64_t i = r / p.group, h = hk * p.group + r % p.group;
     // l = 0: an empty row (no visible key, or every logit -inf) has O = 0 and
     // LSE = -inf whatever it met; a NaN sum (NaN or +inf logit) makes both NaN.
-    const bool empty = l == 0.0f;
-    const float inv = empty ? 0.0f : 1.0f / l;
-    const float lse = empty ? kNegInf : m + std::log(l);
+    // The sink logit joins a row once: here when the sequence has one split,
+    // else in combine_task, so a split's partial is a vanilla softmax.
+    const detail::RowFinish<float> f = detail::finish_row(m, l, direct ? p.sinks(h) : kNegInf);
+    const bool empty = f.empty;
+    const float inv = f.inv, lse = f.lse;
     if (direct) {
       const std::int64_t row = p.span(b).q_begin + i;
       E* dst = static_cast<E*>(p.out) + p.so.offset(b, row, h);
@@ -321,7 +323,8 @@ inline constexpr std::int64_t kCombineChunk = 256;  // a multiple of every W
 
 // Combines the splits of (sequence b, kv head hk) exactly through their LSEs:
 // lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s. Empty splits
-// (lse_s = -inf) weigh 0; a row empty in every split stays O = 0, LSE = -inf.
+// (lse_s = -inf) weigh 0; a row empty in every split stays O = 0, LSE = -inf
+// (LSE = z with a sink, whose part adds to lse and nothing to O).
 template <class E>
 void combine_task(const DecodeParams& p, std::int64_t b, std::int64_t hk) {
   const detail::SeqSpan sp = p.span(b);
@@ -329,7 +332,10 @@ void combine_task(const DecodeParams& p, std::int64_t b, std::int64_t hk) {
   for (std::int64_t r = 0; r < g * sp.q_len; ++r) {
     const std::int64_t i = r / g, h = hk * g + r % g, row = sp.q_begin + i;
     const auto lse_of = [&](std::int64_t s) { return p.partial_lse(b, hk, s)[r]; };
-    const float lse = detail::merged_lse<float>(ns, lse_of);  // attend::merge's formula
+    // The sink is one more part, with LSE z and O = 0 (docs/semantics.md's merge rule).
+    const float z = p.sinks(h);
+    const auto part_lse = [&](std::int64_t s) { return s < ns ? lse_of(s) : z; };
+    const float lse = detail::merged_lse<float>(p.sinks.any() ? ns + 1 : ns, part_lse);  // attend::merge's formula
     E* dst = static_cast<E*>(p.out) + p.so.offset(b, row, h);
     if (lse == kNegInf) {
       std::fill(dst, dst + dv, detail::from_f32<E>(0.0f));

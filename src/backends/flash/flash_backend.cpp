@@ -14,6 +14,7 @@
 #include "backends/flash/flash_params.h"
 #include "cpu/threads.h"
 #include "kernel/f32_range.h"
+#include "kernel/sink_grad.h"
 #include "runtime/builtin.h"
 
 namespace attend {
@@ -125,6 +126,9 @@ class FlashBackend final : public Backend {
     run_parallel(a.workspace, per_thread, p.batch * p.heads_kv, [&](std::int64_t t, float* scratch) {
       kd.backward_head(p, t / p.heads_kv, t % p.heads_kv, scratch);
     });
+    // The kernels' P = exp(s - LSE) already includes the sink through the LSE;
+    // only the sink logits' own gradient is left.
+    if (a.spec.softmax_type == SoftmaxType::learnable) detail::sink_gradient(a);
   }
 
  private:

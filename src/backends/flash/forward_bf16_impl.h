@@ -166,7 +166,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
 
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
-    const RowEnd e = row_end(row_max[r], row_sum[r]);
+    const RowEnd e = row_end(row_max[r], row_sum[r], p.sinks(h));
     // An empty row is 0 whatever its accumulator met (docs/semantics.md, non-finite inputs).
     const auto at = [&](std::int64_t d) {
       return e.empty ? 0.0f : (kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * e.inv;

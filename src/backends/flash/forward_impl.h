@@ -133,7 +133,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
 
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
-    const RowEnd e = row_end(row_max[r], row_sum[r]);
+    const RowEnd e = row_end(row_max[r], row_sum[r], p.sinks(h));
     store_out_row<E>(p, p.so.offset(b, row, h), acc + r * dvp, e.inv, e.empty);
     p.lse[p.slse.offset(b, row, h)] = e.lse;
   }

@@ -99,17 +99,12 @@ void visible_tile_products(const FlashParams& p, std::int64_t b, std::int64_t h,
 }
 
 // A finished row from its running max and sum. l = 0 is an empty row (no
-// visible key, or every logit -inf): O = 0 and LSE = -inf whatever its
-// accumulator met (a zero weight times a NaN v). A NaN sum (a NaN or +inf
-// logit) makes O and the LSE NaN.
-struct RowEnd {
-  float inv, lse;
-  bool empty;
-};
-inline RowEnd row_end(float row_max, float l) {
-  if (l == 0.0f) return {0.0f, -std::numeric_limits<float>::infinity(), true};
-  return {1.0f / l, row_max + std::log(l), false};
-}
+// visible key, or every logit -inf): O = 0 and LSE = -inf (the sink logit
+// with a sink) whatever its accumulator met (a zero weight times a NaN v). A
+// NaN sum (a NaN or +inf logit) makes O and the LSE NaN.
+using RowEnd = detail::RowFinish<float>;
+// `sink`: the row's sink logit, -inf without one (kernel/softmax_sink.h).
+inline RowEnd row_end(float row_max, float l, float sink) { return detail::finish_row(row_max, l, sink); }
 
 // The rows' LSEs hold no NaN (-inf is a fully masked row, not a bad input) and
 // their D = rowsum(dO * O) are finite.

@@ -12,9 +12,10 @@ namespace {
 // D_i = sum_j P'_ij dP'_ij formed from the recomputed P' rather than the
 // stored O, so that f32 rounding of O cannot leak into the oracle.
 // dv_acc (optional) accumulates P'^T dO for the kv head.
+// Returns D_i (the sink logit's gradient needs it too).
 template <typename T, typename Acc>
-void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, std::int64_t i, KeyRange r, const Acc* p,
-                    const T* dO, const Acc* forward_D, Acc* f, Acc* ds, Acc* dv_acc) {
+Acc score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, std::int64_t i, KeyRange r, const Acc* p,
+                   const T* dO, const Acc* forward_D, Acc* f, Acc* ds, Acc* dv_acc) {
   const std::int64_t kvh = h / pr.group;
   if (pr.dropout) dropout_factors(pr, b, h, i, r, f);
   Acc D = 0;
@@ -34,6 +35,7 @@ void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, s
   // reached by a NaN or an infinity, and all its dS are NaN on every backend.
   if (!std::isfinite(D)) D = std::numeric_limits<Acc>::quiet_NaN();
   for (std::int64_t j = r.begin; j < r.end; ++j) ds[j] = pr.rnd(p[j] * (ds[j] - D));
+  return D;
 }
 
 // Row i of (b, h) as forward saw it. p holds this block's logits and becomes
@@ -42,18 +44,23 @@ void score_grad_row(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, s
 // exact statistics (*use_D = false); otherwise the block is part of a bigger
 // row (offsets, a ring step) and p is rescaled to forward's LSE, with
 // D = rowsum(dO * O) from forward's O. False: no key of this row is in the
-// block, or forward's LSE says the whole row is empty.
+// block, or forward's LSE says the whole row is empty. p_sink receives the
+// sink's probability exp(z_h - LSE) (0 without a sink).
 template <typename T, typename Acc>
 bool forward_row(const Problem<T, Acc>& pr, const BackwardArgs& a, const detail::TokenStrides& os,
                  const detail::TokenStrides& ls, std::int64_t b, std::int64_t h, std::int64_t row, KeyRange r, Acc* p,
-                 std::int64_t sk, const T* dO, Acc& D, bool& use_D) {
-  const Acc local = softmax_row(p, sk, r);
+                 std::int64_t sk, const T* dO, Acc& D, bool& use_D, Acc& p_sink) {
+  const Acc local = softmax_row(p, sk, r, pr.sinks[h], &p_sink);
   const Lse<T> stored = a.lse.as<const Lse<T>>()[ls.offset(b, row, h)];
-  if (local == static_cast<Acc>(kNegInf) || stored == static_cast<Lse<T>>(kNegInf)) return false;
+  if (local == static_cast<Acc>(kNegInf) || stored == static_cast<Lse<T>>(kNegInf)) {
+    p_sink = 0;
+    return false;
+  }
   use_D = static_cast<Lse<T>>(local) != stored;
   if (use_D) {
     const Acc scale = std::exp(local - static_cast<Acc>(stored));
     for (std::int64_t j = r.begin; j < r.end; ++j) p[j] *= scale;
+    p_sink *= scale;
     D = pr.rnd(dot<Acc>(dO, a.out.as<const T>() + os.offset(b, row, h), pr.dv));
   }
   round_row(pr, p, r);
@@ -68,6 +75,9 @@ struct BackwardCtx {
   detail::BiasStrides dbs;
   bool dbias_direct = false;  // every dbias slice has exactly one (b, h) contributor
   bool accumulate = false;    // spec.accumulate_grads: add into dq/dk/dv
+  // softmax_type = learnable: per (b, h), -sum_i p_sink(i) * D_i, summed over b
+  // in order after the tasks (each task owns its (b, group) entries).
+  Acc* dsink_parts = nullptr;
 };
 
 // Pass 1, task (b, kv head): dQ for the group's query heads, dK/dV summed over
@@ -89,10 +99,12 @@ void backward_task(const BackwardCtx<T, Acc>& c, std::int64_t b, std::int64_t kv
       std::fill_n(dq, pr.dqk, Acc{0});
       const std::int64_t row = sp.q_begin + i;
       const T* dO = c.a.dout.template as<const T>() + c.dos.offset(b, row, h);
-      Acc D = 0;
+      Acc D = 0, p_sink = 0;
       bool use_D = false;
-      if (forward_row(pr, c.a, c.os, c.ls, b, h, row, r, p, sk, dO, D, use_D)) {
-        score_grad_row(pr, b, h, i, r, p, dO, use_D ? &D : nullptr, ws.buf[kFactors], ds, dv_acc);
+      if (forward_row(pr, c.a, c.os, c.ls, b, h, row, r, p, sk, dO, D, use_D, p_sink)) {
+        const Acc row_D = score_grad_row(pr, b, h, i, r, p, dO, use_D ? &D : nullptr, ws.buf[kFactors], ds, dv_acc);
+        // dL/dz = sum_j dP_j dP_j/dz = -p_sink * sum_j P'_j dP'_j = -p_sink * D.
+        if (c.dsink_parts && p_sink != Acc{0}) c.dsink_parts[b * pr.H + h] -= p_sink * row_D;
         if (c.dbias_direct) {
           T* db = c.a.dbias.template as<T>() + c.dbs.offset(b, h, i);
           for (std::int64_t j = r.begin; j < r.end; ++j) db[j] = static_cast<T>(ds[j]);
@@ -159,9 +171,9 @@ void dbias_task(const BackwardCtx<T, Acc>& c, std::int64_t bb, std::int64_t hb, 
         const KeyRange r = pr.keys(b, i);
         Acc* p = S + i * sp.kv_len;
         const T* dO = c.a.dout.template as<const T>() + c.dos.offset(b, sp.q_begin + i, h);
-        Acc D = 0;
+        Acc D = 0, p_sink = 0;
         bool use_D = false;
-        if (!forward_row(pr, c.a, c.os, c.ls, b, h, sp.q_begin + i, r, p, sp.kv_len, dO, D, use_D)) continue;
+        if (!forward_row(pr, c.a, c.os, c.ls, b, h, sp.q_begin + i, r, p, sp.kv_len, dO, D, use_D, p_sink)) continue;
         Acc* ds = ws.buf[kRowGrad];
         score_grad_row(pr, b, h, i, r, p, dO, use_D ? &D : nullptr, ws.buf[kFactors], ds, static_cast<Acc*>(nullptr));
         for (std::int64_t j = r.begin; j < r.end; ++j) slice[i * lk + j] += ds[j];
@@ -208,11 +220,24 @@ void run_backward(const BackwardArgs& a, bool acc64, bool round_inter) {
     fill_view(a.dk, T(0.0f));
     fill_view(a.dv, T(0.0f));
   }
+  std::vector<Acc> dsink_parts;
+  if (a.spec.softmax_type == SoftmaxType::learnable) {
+    dsink_parts.assign(static_cast<std::size_t>(pr.B * pr.H), Acc{0});
+    c.dsink_parts = dsink_parts.data();
+  }
   const Workers workers(a.workspace, plan.worker_bytes,
                         planned_workers(a.spec, std::max(pr.B * pr.Hkv, slices)));
   parallel_tasks(pr.B * pr.Hkv, workers, [&](std::int64_t t, std::byte* mem) {
     backward_task(c, t / pr.Hkv, t % pr.Hkv, WorkerScratch<Acc>(mem, sizes));
   });
+  if (c.dsink_parts) {
+    for (std::int64_t h = 0; h < pr.H; ++h) {
+      Lse<T>* dz = a.dsinks.as<Lse<T>>() + h * a.dsinks.strides[0];
+      Acc sum = c.accumulate ? static_cast<Acc>(*dz) : Acc{0};
+      for (std::int64_t b = 0; b < pr.B; ++b) sum += dsink_parts[b * pr.H + h];
+      *dz = static_cast<Lse<T>>(sum);
+    }
+  }
   if (want_dbias && !c.dbias_direct) {
     const std::int64_t hb = a.dbias.shape[1];
     parallel_tasks(slices, workers, [&](std::int64_t t, std::byte* mem) {

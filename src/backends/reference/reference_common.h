@@ -188,6 +188,7 @@ struct Problem {
   detail::BiasStrides bs;
   std::vector<detail::SeqSpan> spans;  // per sequence
   std::vector<double> slopes;          // per (b, h); 0 without ALiBi
+  std::vector<Acc> sinks;              // per h: the sink logit z_h; -inf without a sink
   Acc scale = 1, softcap = 0, keep_scale = 1;
   bool dropout = false;
   detail::DropoutMask mask;
@@ -230,6 +231,12 @@ struct Problem {
       bs = detail::bias_strides(in.bias);
     }
     for (std::int64_t b = 0; b < B; ++b) spans.push_back(detail::sequence_span(s, in, b));
+    sinks.assign(static_cast<std::size_t>(H),
+                 static_cast<Acc>(s.has_sink() ? 0.0 : -std::numeric_limits<double>::infinity()));
+    for (std::int64_t h = 0; h < H && s.softmax_type == SoftmaxType::learnable; ++h) {
+      sinks[h] = in.sinks.dtype == DType::f64 ? static_cast<Acc>(in.sinks.as<const double>()[h])
+                                              : static_cast<Acc>(in.sinks.as<const float>()[h]);
+    }
     slopes.assign(static_cast<std::size_t>(B * H), 0.0);
     for (std::int64_t b = 0; b < B && s.alibi; ++b)
       for (std::int64_t h = 0; h < H; ++h) slopes[b * H + h] = detail::alibi_slope(s, in, b, h);
@@ -285,17 +292,26 @@ void logits(const Problem<T, Acc>& pr, std::int64_t b, std::int64_t h, Acc* S, A
 // fully masked: P = 0 and LSE = -inf, so it contributes nothing anywhere. A NaN
 // logit makes the max NaN (std::max would drop it) and with it P and the LSE;
 // a +inf one gives exp(inf - inf) = NaN, as IEEE arithmetic does.
+// z is the row's sink logit (-inf: none): one more term of the denominator,
+// whose probability goes to *p_sink (when given); a fully masked row then has
+// LSE = z and p_sink = 1.
 template <typename Acc>
-Acc softmax_row(Acc* row, std::int64_t sk, KeyRange r) {
+Acc softmax_row(Acc* row, std::int64_t sk, KeyRange r, Acc z = static_cast<Acc>(kNegInf), Acc* p_sink = nullptr) {
   Acc m = static_cast<Acc>(kNegInf);
   for (std::int64_t j = r.begin; j < r.end && !std::isnan(m); ++j) m = std::isnan(row[j]) || row[j] > m ? row[j] : m;
+  if (p_sink) *p_sink = 0;
   if (m == static_cast<Acc>(kNegInf)) {
     std::fill_n(row, sk, Acc{0});
-    return m;
+    if (p_sink && z != static_cast<Acc>(kNegInf)) *p_sink = 1;
+    return z;
   }
+  if (!std::isnan(m) && z > m) m = z;
   Acc sum = 0;
   for (std::int64_t j = r.begin; j < r.end; ++j) sum += (row[j] = std::exp(row[j] - m));
+  const Acc sink_term = std::exp(z - m);  // 0 without a sink
+  sum += sink_term;
   for (std::int64_t j = 0; j < sk; ++j) row[j] = (j >= r.begin && j < r.end) ? row[j] / sum : Acc{0};
+  if (p_sink) *p_sink = sink_term / sum;
   return m + std::log(sum);
 }
 

@@ -21,7 +21,7 @@ void forward_task(const Problem<T, Acc>& pr, const ForwardArgs& a, std::int64_t 
     for (std::int64_t i = 0; i < sp.q_len; ++i) {
       const KeyRange r = pr.keys(b, i);
       Acc* p = S + i * sp.kv_len;
-      const Acc lse = softmax_row(p, sp.kv_len, r);
+      const Acc lse = softmax_row(p, sp.kv_len, r, pr.sinks[h]);
       round_row(pr, p, r);
       a.lse.as<Lse<T>>()[ls.offset(b, sp.q_begin + i, h)] = static_cast<Lse<T>>(lse);
       std::fill_n(o, pr.dv, Acc{0});

@@ -78,6 +78,8 @@ inline PagedProblem make_paged(AttentionSpec s, std::int64_t page, std::vector<s
   p.inputs.bias = qp.bias;
   p.dense.slopes = qp.slopes;
   p.inputs.alibi_slopes = qp.slopes;
+  p.dense.sinks = qp.sinks;
+  p.inputs.sinks = qp.sinks;
   p.spec = s;
   return p;
 }
@@ -97,6 +99,8 @@ inline Problem paged_as_f64(const PagedProblem& p) {
   d.inputs.k = d.k;
   d.inputs.v = d.v;
   if (d.bias.defined()) d.inputs.bias = d.bias;
+  d.sinks = to_f64(p.dense.sinks);
+  if (d.sinks.defined()) d.inputs.sinks = d.sinks;
   return d;
 }
 
@@ -109,6 +113,7 @@ inline Problem paged_as_problem(const PagedProblem& p) {
   d.bias = p.dense.bias;
   d.slopes = p.dense.slopes;
   d.dout = p.dense.dout;
+  d.sinks = p.dense.sinks;
   d.inputs = p.inputs;
   return d;
 }

@@ -115,6 +115,41 @@ std::vector<DecodeCase> cases() {
   c.lens_kv = {700, 50, 0, 300};
   c.causal = true;
   v.push_back(c);
+  // Absorbed MLA on a paged cache: decode, and flash's prefill path on the same pages.
+  c = make("paged_mla_absorbed_576_512_mqa", 2, 0, 576, 512);
+  c.heads = 8;
+  c.heads_kv = 1;
+  c.page = 64;
+  c.lens_kv = {300, 70};
+  c.causal = true;
+  v.push_back(c);
+  // Attention sinks: added once per row, whether the row's keys ran as one
+  // split or many (the split combine takes the sink as one more part).
+  c = make("sinks_learnable_one_split", 1, 200, 64, 64);
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
+  c = make("sinks_learnable_many_splits_causal", 3, 2100, 64, 64);
+  c.causal = true;
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
+  c = make("sinks_off_by_one_mqa_empty_rows", 6, 3, 32, 32);
+  c.heads = 8;
+  c.heads_kv = 1;
+  c.causal = true;
+  c.softmax = SoftmaxType::off_by_one;
+  v.push_back(c);
+  c = make("sinks_learnable_varlen_softcap", 0, 0, 64, 64);
+  c.lens_q = {1, 0, 3, 2};
+  c.lens_kv = {700, 50, 0, 300};
+  c.softcap = 5;
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
+  c = make("sinks_learnable_paged_p16", 2, 0, 64, 64);
+  c.page = 16;
+  c.lens_kv = {700, 33, 1};
+  c.causal = true;
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
   // Paged: pages shuffled; page sizes 1, 16, 64; left padding; prefill-sized too.
   c = make("paged_p16", 1, 0, 64, 64);
   c.page = 16;

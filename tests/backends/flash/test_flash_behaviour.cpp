@@ -93,12 +93,12 @@ TEST(FlashBehaviour, CheckNamesEveryLimit) {
   auto flash = make_flash_backend();
   AttentionSpec s = spec(10, 10, 64);
   s.dtype = DType::f64;
-  s.head_dim_qk = 320;
+  s.head_dim_qk = 640;
   s.head_dim_v = 640;
   const Support sup = flash->check(s, Pass::forward);
   ASSERT_EQ(sup.reasons.size(), 3u) << sup.to_string();
   EXPECT_EQ(sup.reasons[0].code, ReasonCode::dtype);
-  EXPECT_NE(sup.reasons[1].message.find("head_dim_qk=320"), std::string::npos);
+  EXPECT_NE(sup.reasons[1].message.find("head_dim_qk=640"), std::string::npos);
   EXPECT_NE(sup.reasons[2].message.find("head_dim_v=640"), std::string::npos);
   AttentionSpec b = spec(10, 10, 64);
   b.has_bias = b.bias_requires_grad = true;

@@ -64,6 +64,16 @@ std::vector<HalfCase> cases() {
   c.spec.heads_q = 3;
   c.spec.heads_kv = 1;
   v.push_back(c);
+  c = {"mla_absorbed_576_512_mqa_causal", base(40, 50, 576, 512), {}, {}};
+  c.spec.heads_q = 4;
+  c.spec.heads_kv = 1;
+  c.spec.causal = true;
+  v.push_back(c);
+  c = {"sinks_learnable_causal_gqa", base(90, 70, 64, 64), {}, {}};
+  c.spec.heads_q = 4;
+  c.spec.causal = true;
+  c.spec.softmax_type = SoftmaxType::learnable;
+  v.push_back(c);
   c = {"bhsd_causal_sq_above_sk", base(150, 60, 32, 32), {}, {}};
   c.spec.layout = Layout::bhsd;
   c.spec.causal = true;
@@ -108,10 +118,15 @@ TEST_P(FlashHalf, ConversionPathEqualsF32KernelOnWidenedInputs) {
   f32.dq = Tensor::zeros_like(wide.q);
   f32.dk = Tensor::zeros_like(wide.k);
   f32.dv = Tensor::zeros_like(wide.v);
-  flash->backward(BackwardArgs{wide.spec, wide.inputs, f32.out, f32.lse, wide.dout, f32.dq, f32.dk, f32.dv, {}});
+  if (wide.spec.softmax_type == SoftmaxType::learnable) f32.dsinks = Tensor::zeros(DType::f32, {wide.spec.heads_q});
+  flash->backward(BackwardArgs{
+      wide.spec, wide.inputs, f32.out, f32.lse, wide.dout, f32.dq, f32.dk, f32.dv, {}, {}, {}, {}, f32.dsinks});
   EXPECT_TRUE(testing::bitwise_equal(got.dq, testing::convert(f32.dq, dt)));
   EXPECT_TRUE(testing::bitwise_equal(got.dk, testing::convert(f32.dk, dt)));
   EXPECT_TRUE(testing::bitwise_equal(got.dv, testing::convert(f32.dv, dt)));
+  if (f32.dsinks.defined()) {
+    EXPECT_TRUE(testing::bitwise_equal(got.dsinks, f32.dsinks));
+  }
 }
 
 TEST_P(FlashHalf, F32DqIsTheUnroundedDefault) {

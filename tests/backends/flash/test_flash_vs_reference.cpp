@@ -42,6 +42,9 @@ TEST_P(FlashVsReference, ForwardAndGradientsWithinSamePrecisionBaseline) {
   expect_within_baseline("dq", flash.dq, naive.dq, ref.dq, 3, grads);
   expect_within_baseline("dk", flash.dk, naive.dk, ref.dk, 3, grads);
   expect_within_baseline("dv", flash.dv, naive.dv, ref.dv, 3, grads);
+  if (ref.dsinks.defined()) {
+    expect_within_baseline("dsinks", flash.dsinks, naive.dsinks, ref.dsinks, 3, testing::max_abs(ref.dsinks));
+  }
 }
 
 FlashCase make(std::string name, std::int64_t sq, std::int64_t sk, std::int64_t dqk, std::int64_t dv) {
@@ -157,6 +160,33 @@ std::vector<FlashCase> cases() {
     c.scale = q_mul / std::sqrt(static_cast<double>(dim));
     v.push_back(c);
   }
+  // Absorbed MLA: qk 576 (512 latent + 64 rope), v 512, one shared latent KV head.
+  c = testing::make_case("mla_absorbed_576_512_mqa_causal", 70, 90, 576, 512, 4, 1);
+  c.causal = true;
+  v.push_back(c);
+  c = testing::make_case("mla_absorbed_576_512_gqa_sinks", 33, 40, 576, 512, 4, 2);
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
+  // Attention sinks (softmax_type), with their gradient, across the features.
+  c = make("sinks_learnable_causal_empty_rows", 150, 100, 64, 64);
+  c.causal = true;
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
+  c = make("sinks_off_by_one_window", 120, 130, 64, 64);
+  c.wl = 17;
+  c.wr = 5;
+  c.softmax = SoftmaxType::off_by_one;
+  v.push_back(c);
+  c = testing::make_case("sinks_learnable_gqa_softcap_mla_192_128", 77, 150, 192, 128, 4, 2);
+  c.softcap = 15;
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
+  c = make("sinks_learnable_varlen_dropout", 0, 0, 64, 48);
+  c.lens_q = {70, 0, 5, 33};
+  c.lens_kv = {90, 20, 0, 120};
+  c.dropout = 0.1;
+  c.softmax = SoftmaxType::learnable;
+  v.push_back(c);
   // Everything at once.
   c = make("combined", 100, 157, 96, 80);
   c.causal = true;

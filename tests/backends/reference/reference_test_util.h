@@ -76,7 +76,12 @@ struct Case {
 struct Problem {
   AttentionSpec spec;
   Tensor q, k, v, bias, slopes, cu_q, cu_kv;
-  attend::Inputs inputs() const { return {q, k, v, bias, slopes, cu_q, cu_kv}; }
+  Tensor sinks{};  // softmax_type = learnable: (H), the LSE's dtype
+  attend::Inputs inputs() const {
+    attend::Inputs in{q, k, v, bias, slopes, cu_q, cu_kv};
+    in.sinks = sinks;
+    return in;
+  }
 };
 
 inline void fill_random(const Tensor& t, std::mt19937_64& rng, double stddev) {
@@ -107,6 +112,10 @@ inline Problem make_problem(const Case& c) {
     p.slopes = c.alibi_per_batch ? zeros(DType::f32, {s.batch, s.heads_q}) : zeros(DType::f32, {s.heads_q});
     std::uniform_real_distribution<float> u(0.05f, 0.6f);
     for (std::int64_t i = 0; i < p.slopes.numel(); ++i) p.slopes.as<float>()[i] = u(rng);
+  }
+  if (s.softmax_type == attend::SoftmaxType::learnable) {
+    p.sinks = zeros(s.dtype == DType::f64 ? DType::f64 : DType::f32, {s.heads_q});
+    fill_random(p.sinks, rng, 1.5);
   }
   if (s.varlen()) {
     p.cu_q = zeros(DType::i32, {static_cast<std::int64_t>(c.cu_q.size())});
@@ -141,15 +150,29 @@ inline Fwd run_forward(const Backend& be, const Problem& p) {
 
 struct Grads {
   Tensor dq, dk, dv, dbias;
+  Tensor dsinks{};  // softmax_type = learnable
 };
 
 inline Grads run_backward(const Backend& be, const Problem& p, const Fwd& f, const TensorView& dout) {
   const AttentionSpec& s = p.spec;
-  Grads g{Tensor::zeros_like(p.q), Tensor::zeros_like(p.k), Tensor::zeros_like(p.v), {}};
+  Grads g{Tensor::zeros_like(p.q), Tensor::zeros_like(p.k), Tensor::zeros_like(p.v), {}, {}};
   if (s.has_bias && s.bias_requires_grad) g.dbias = Tensor::zeros_like(p.bias);
+  if (s.softmax_type == attend::SoftmaxType::learnable) g.dsinks = Tensor::zeros_like(p.sinks);
   Scratch ws(be, s, attend::Pass::backward);
-  be.backward(attend::BackwardArgs{s, p.inputs(), f.out, f.lse, dout, g.dq, g.dk, g.dv, g.dbias, ws.view()});
+  be.backward(
+      attend::BackwardArgs{s, p.inputs(), f.out, f.lse, dout, g.dq, g.dk, g.dv, g.dbias, ws.view(), {}, {}, g.dsinks});
   return g;
+}
+
+// The sink logit of head h as the formulas define it; -inf: none.
+inline double sink_logit(const Problem& p, std::int64_t h) {
+  switch (p.spec.softmax_type) {
+    case attend::SoftmaxType::off_by_one: return 0.0;
+    case attend::SoftmaxType::learnable:
+      return p.sinks.view().dtype == DType::f64 ? p.sinks.as<double>()[h] : p.sinks.as<float>()[h];
+    case attend::SoftmaxType::vanilla: break;
+  }
+  return -std::numeric_limits<double>::infinity();
 }
 
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
@@ -204,14 +227,16 @@ inline Fwd naive_forward(const Problem& p) {
           }
           sc[static_cast<std::size_t>(j)] = x;
         }
-        double m = -inf;
+        // The sink is one more column of the row with no value (gpt-oss: concatenate, softmax, drop it).
+        const double z = sink_logit(p, h);
+        double m = z;
         for (double x : sc) m = std::max(m, x);
         double* lse = f.lse.as<double>() + (b * s.heads_q + h) * sq + i;
         if (m == -inf) {
           *lse = -inf;
           continue;
         }
-        double sum = 0;
+        double sum = std::exp(z - m);
         for (double x : sc) sum += std::exp(x - m);
         *lse = m + std::log(sum);
         for (std::int64_t j = 0; j < sk; ++j) {

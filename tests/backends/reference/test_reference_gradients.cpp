@@ -69,6 +69,8 @@ void expect_gradients_match_fd(const Case& c) {
   expect_matches_fd(*be, p, g, p.v, grads.dv, "dv");
   if (c.spec.has_bias && c.spec.bias_requires_grad)
     expect_matches_fd(*be, p, g, p.bias, grads.dbias, "dbias");
+  if (c.spec.softmax_type == attend::SoftmaxType::learnable)
+    expect_matches_fd(*be, p, g, p.sinks, grads.dsinks, "dsinks");
 }
 
 TEST(ReferenceGradients, PlainAttentionMatchesFiniteDifferences) {
@@ -227,6 +229,125 @@ TEST(ReferenceGradients, AllFeaturesCombinedMatchFiniteDifferences) {
   c.spec.dropout_seed = 7;
   c.spec.layout = Layout::bhsd;
   expect_gradients_match_fd(c);
+}
+
+}  // namespace
+
+namespace {
+
+// --- attention sinks (softmax_type) ---------------------------------------------
+
+Case sink_case(attend::SoftmaxType type, std::int64_t sq = 5, std::int64_t sk = 7) {
+  Case c{small_spec(sq, sk)};
+  c.spec.softmax_type = type;
+  return c;
+}
+
+TEST(ReferenceSinks, ForwardMatchesTheConcatenatedColumnDefinition) {
+  for (attend::SoftmaxType type : {attend::SoftmaxType::off_by_one, attend::SoftmaxType::learnable}) {
+    Case c = sink_case(type, 7, 4);
+    c.spec.causal = true;  // rows 0..2 see no key: O = 0, LSE = the sink logit
+    c.spec.heads_q = 4;    // GQA
+    const auto be = attend::make_reference_backend();
+    const Problem p = make_problem(c);
+    const Fwd got = run_forward(*be, p);
+    const Fwd want = naive_forward(p);
+    EXPECT_LE(max_abs_diff(got.out, want.out), 1e-12) << to_string(type);
+    EXPECT_LE(max_abs_diff(got.lse, want.lse), 1e-12) << to_string(type);
+    // An empty row's LSE is its head's sink logit, not -inf.
+    EXPECT_EQ(got.lse.as<double>()[0], sink_logit(p, 0));
+  }
+}
+
+TEST(ReferenceSinks, OffByOneRowSumsAreBelowOne) {
+  // sum_j P_ij = 1 - exp(-LSE_i): checked through O with v = 1.
+  Case c = sink_case(attend::SoftmaxType::off_by_one);
+  const auto be = attend::make_reference_backend();
+  Problem p = make_problem(c);
+  for (std::int64_t i = 0; i < p.v.numel(); ++i) p.v.as<double>()[i] = 1.0;
+  const Fwd f = run_forward(*be, p);
+  const AttentionSpec& s = c.spec;
+  for (std::int64_t b = 0; b < s.batch; ++b)
+    for (std::int64_t i = 0; i < s.seqlen_q; ++i)
+      for (std::int64_t h = 0; h < s.heads_q; ++h) {
+        const double lse = f.lse.as<double>()[(b * s.heads_q + h) * s.seqlen_q + i];
+        EXPECT_NEAR(f.out.as<double>()[offset(f.out, s.layout, b, i, h, 0)], 1.0 - std::exp(-lse), 1e-14);
+      }
+}
+
+TEST(ReferenceSinks, LearnableSinkGradientMatchesFiniteDifferences) {
+  expect_gradients_match_fd(sink_case(attend::SoftmaxType::learnable));
+}
+
+TEST(ReferenceSinks, OffByOneGradientsMatchFiniteDifferences) {
+  expect_gradients_match_fd(sink_case(attend::SoftmaxType::off_by_one));
+}
+
+TEST(ReferenceSinks, LearnableWithCausalEmptyRowsAndGqaMatchesFiniteDifferences) {
+  Case c = sink_case(attend::SoftmaxType::learnable, 7, 4);
+  c.spec.causal = true;
+  c.spec.heads_q = 4;
+  expect_gradients_match_fd(c);
+}
+
+TEST(ReferenceSinks, LearnableWithWindowSoftcapAndAlibiMatchesFiniteDifferences) {
+  Case c = sink_case(attend::SoftmaxType::learnable, 6, 8);
+  c.spec.window_left = 2;
+  c.spec.window_right = 1;
+  c.spec.softcap = 0.8;
+  c.spec.alibi = true;
+  expect_gradients_match_fd(c);
+}
+
+TEST(ReferenceSinks, LearnableWithDropoutMatchesFiniteDifferences) {
+  Case c = sink_case(attend::SoftmaxType::learnable);
+  c.spec.dropout_p = 0.3;
+  c.spec.dropout_seed = 99;
+  expect_gradients_match_fd(c);
+}
+
+TEST(ReferenceSinks, LearnableWithMlaHeadDimsAndBiasMatchesFiniteDifferences) {
+  Case c = sink_case(attend::SoftmaxType::learnable, 4, 5);
+  c.spec.head_dim_qk = 12;  // the (192, 128) shape in small: qk wider than v
+  c.spec.head_dim_v = 8;
+  c.spec.has_bias = c.spec.bias_requires_grad = true;
+  c.bias_b = 1;
+  c.bias_h = 2;
+  expect_gradients_match_fd(c);
+}
+
+TEST(ReferenceSinks, LearnableVarlenMatchesFiniteDifferences) {
+  Case c = sink_case(attend::SoftmaxType::learnable);
+  c.spec.layout = attend::Layout::thd;
+  c.spec.batch = 3;
+  c.cu_q = {0, 3, 3, 8};  // the middle sequence has no queries
+  c.cu_kv = {0, 4, 6, 11};
+  c.spec.total_q = 8;
+  c.spec.total_kv = 11;
+  c.spec.causal = true;
+  expect_gradients_match_fd(c);
+}
+
+TEST(ReferenceSinks, AccumulateAddsIntoDsinks) {
+  Case c = sink_case(attend::SoftmaxType::learnable);
+  const auto be = attend::make_reference_backend();
+  const Problem p = make_problem(c);
+  const Fwd f = run_forward(*be, p);
+  Tensor g = Tensor::zeros_like(f.out);
+  std::mt19937_64 rng(7);
+  fill_random(g, rng, 1.0);
+  const Grads once = run_backward(*be, p, f, g);
+  Problem acc_p = p;
+  acc_p.spec.accumulate_grads = true;
+  Grads twice{
+      Tensor::zeros_like(p.q), Tensor::zeros_like(p.k), Tensor::zeros_like(p.v), {}, Tensor::zeros_like(p.sinks)};
+  for (std::int64_t h = 0; h < c.spec.heads_q; ++h) twice.dsinks.as<double>()[h] = 0.25;
+  Scratch ws(*be, acc_p.spec, attend::Pass::backward);
+  be->backward(attend::BackwardArgs{
+      acc_p.spec, acc_p.inputs(), f.out, f.lse, g, twice.dq, twice.dk, twice.dv, {}, ws.view(), {}, {}, twice.dsinks});
+  for (std::int64_t h = 0; h < c.spec.heads_q; ++h) {
+    EXPECT_NEAR(twice.dsinks.as<double>()[h], 0.25 + once.dsinks.as<double>()[h], 1e-14);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // sample: the smallest honest backend — a direct, unfused forward in f64
-// arithmetic for f32/f64 problems with masks, GQA and partial offsets, and no
+// arithmetic for f32/f64 problems with masks, GQA, partial offsets and sinks, and no
 // backward. It exists to prove the backend-folder mechanism and the
 // conformance suite (tests/conformance): it is registered exactly as the
 // built-ins are, and declines what it does not compute with reasons.
@@ -45,6 +45,17 @@ class SampleBackend final : public Backend {
   void run_backward(const BackwardArgs&) const override {}
 
  private:
+  static double sink(const ForwardArgs& a, std::int64_t h) {
+    switch (a.spec.softmax_type) {
+      case SoftmaxType::off_by_one: return 0.0;
+      case SoftmaxType::learnable:
+        return a.in.sinks.dtype == DType::f64 ? a.in.sinks.as<const double>()[h]
+                                              : static_cast<double>(a.in.sinks.as<const float>()[h]);
+      case SoftmaxType::vanilla: break;
+    }
+    return -std::numeric_limits<double>::infinity();
+  }
+
   template <class T>
   static void run(const ForwardArgs& a) {
     const AttentionSpec& s = a.spec;
@@ -71,8 +82,11 @@ class SampleBackend final : public Backend {
             p[static_cast<std::size_t>(j)] = scale * dot;
             m = std::max(m, scale * dot);
           }
+          // The sink logit z is one more denominator term with no value.
+          const double z = sink(a, h);
+          if (z > m) m = z;
           std::fill(o.begin(), o.end(), 0.0);
-          double sum = 0;
+          double sum = std::isinf(z) ? 0.0 : std::exp(z - m);
           for (std::int64_t j = r.begin; j < r.end; ++j) sum += std::exp(p[static_cast<std::size_t>(j)] - m);
           for (std::int64_t j = r.begin; j < r.end; ++j) {
             const double w = std::exp(p[static_cast<std::size_t>(j)] - m) / sum;
@@ -82,7 +96,7 @@ class SampleBackend final : public Backend {
           }
           T* out = a.out.as<T>() + os.offset(b, i, h);
           for (std::int64_t d = 0; d < s.head_dim_v; ++d) out[d] = static_cast<T>(o[static_cast<std::size_t>(d)]);
-          a.lse.as<L>()[ls.offset(b, i, h)] = static_cast<L>(r.empty() ? m : m + std::log(sum));
+          a.lse.as<L>()[ls.offset(b, i, h)] = static_cast<L>(sum == 0 ? m : m + std::log(sum));
         }
       }
     }
