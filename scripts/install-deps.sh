@@ -11,6 +11,7 @@ packages=(
   libbenchmark-dev               # Google Benchmark
   libopenblas-dev                # sgemm baseline for benchmarks
   libcli11-dev                   # command-line parsing
+  nlohmann-json3-dev             # the autotune cache file (JSON)
   # attend.torch (python/): Debian's PyTorch is for /usr/bin/python3
   python3-dev python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
 )
