@@ -15,11 +15,15 @@ CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd) {
   auto* sub = app.add_subcommand("select", "Show which backend runs a problem and why the others cannot");
   add_problem_flags(*sub, cmd.problem);
   sub->add_flag("--json", cmd.json, "print the selection as JSON");
+  sub->add_flag("--autotune", cmd.autotune,
+                "choose by measured time (--select autotune): times every viable plan once per shape bucket "
+                "and shows each time");
   return sub;
 }
 
 int run_select(const SelectCommand& cmd) {
-  const Problem p = make_problem(cmd.problem);
+  Problem p = make_problem(cmd.problem);
+  if (cmd.autotune) p.policy.strategy = attend::Strategy::autotune;
   if (cmd.json) {
     try {
       std::cout << with_fields(attend::select(p.spec, p.mode, p.policy).to_json(), "\"exit_code\": 0") << "\n";
