@@ -122,10 +122,10 @@ detail::TuneRecord measure_all(const Selection& sel, const AttentionSpec& spec, 
 // Merges new times into an older record (plans not timed now keep theirs).
 detail::TuneRecord merge(std::optional<detail::TuneRecord> old, detail::TuneRecord fresh) {
   if (!old) return fresh;
-  for (const auto& [name, t] : old->seconds) {
+  for (const auto& entry : old->seconds) {
     const bool retimed =
-        std::any_of(fresh.seconds.begin(), fresh.seconds.end(), [&](const auto& p) { return p.first == name; });
-    if (!retimed) fresh.seconds.emplace_back(name, t);
+        std::any_of(fresh.seconds.begin(), fresh.seconds.end(), [&](const auto& p) { return p.first == entry.first; });
+    if (!retimed) fresh.seconds.push_back(entry);
   }
   return fresh;
 }
