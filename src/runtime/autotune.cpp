@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -25,14 +27,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Enough repetitions for a stable median of a short kernel, few enough that a
-// bucket tunes in well under a second at typical shapes.
+// Rounds (each runs every plan once): enough for a stable median of a short
+// kernel, few enough that a bucket tunes in about a second at typical shapes.
 constexpr int kMinRuns = 3;
 constexpr int kMaxRuns = 25;
-constexpr double kMinSeconds = 0.02;
+constexpr double kMinSeconds = 0.05;  // all plans' runs together
 // A candidate whose warm-up run is this much slower than the best median so
 // far cannot win: it is recorded with that one run.
 constexpr double kHopeless = 4.0;
+// A plan must beat the priority pick by more than this factor to replace it.
+constexpr double kMargin = 1.05;
 
 std::int64_t pow2_ceil(std::int64_t v) {
   if (v <= 1) return v;
@@ -56,35 +60,40 @@ struct AlignedFree {
   void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{64}); }
 };
 
-// Median seconds of one run of the mode's passes; the warm-up alone when it
-// is hopeless against `best`.
-double time_plan(const Backend& backend, int variant, const AttentionSpec& spec, Mode mode, Device device,
-                 detail::TuneData& d, double best) {
-  const Target target{device, variant};
-  std::size_t bytes = backend.workspace_bytes(spec, Pass::forward, target);
-  if (mode == Mode::training) bytes = std::max(bytes, backend.workspace_bytes(spec, Pass::backward, target));
-  std::unique_ptr<std::byte[], AlignedFree> ws;
-  if (bytes > 0) ws.reset(new (std::align_val_t{64}) std::byte[bytes]);
-  const Workspace workspace{ws.get(), bytes};
-  const ForwardArgs fwd{spec, d.in, d.out, d.lse, workspace, target, {}};
-  const BackwardArgs bwd{spec, d.in, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.dbias, workspace, target, {}};
-  const auto once = [&] {
-    const auto t0 = Clock::now();
-    backend.forward(fwd);
-    if (mode == Mode::training) backend.backward(bwd);
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  const double warm = once();
-  if (warm > kHopeless * best) return warm;
-  std::vector<double> runs;
-  double total = 0;
-  while (static_cast<int>(runs.size()) < kMaxRuns &&
-         (static_cast<int>(runs.size()) < kMinRuns || total < kMinSeconds)) {
-    runs.push_back(once());
-    total += runs.back();
+// One plan ready to run on the scratch data, with its own workspace.
+class Timer {
+ public:
+  Timer(const Backend& backend, int variant, const AttentionSpec& spec, Mode mode, Device device,
+        const detail::TuneData& d)
+      : backend_(backend), mode_(mode) {
+    const Target target{device, variant};
+    std::size_t bytes = backend.workspace_bytes(spec, Pass::forward, target);
+    if (mode == Mode::training) bytes = std::max(bytes, backend.workspace_bytes(spec, Pass::backward, target));
+    if (bytes > 0) ws_.reset(new (std::align_val_t{64}) std::byte[bytes]);
+    const Workspace workspace{ws_.get(), bytes};
+    fwd_ = std::make_unique<ForwardArgs>(ForwardArgs{spec, d.in, d.out, d.lse, workspace, target, {}});
+    bwd_ = std::make_unique<BackwardArgs>(
+        BackwardArgs{spec, d.in, d.out, d.lse, d.dout, d.dq, d.dk, d.dv, d.dbias, workspace, target, {}});
   }
-  std::nth_element(runs.begin(), runs.begin() + static_cast<std::ptrdiff_t>(runs.size() / 2), runs.end());
-  return runs[runs.size() / 2];
+  // Seconds of one run of the mode's passes.
+  double once() const {
+    const auto t0 = Clock::now();
+    backend_.forward(*fwd_);
+    if (mode_ == Mode::training) backend_.backward(*bwd_);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+ private:
+  const Backend& backend_;
+  Mode mode_;
+  std::unique_ptr<std::byte[], AlignedFree> ws_;
+  std::unique_ptr<ForwardArgs> fwd_;
+  std::unique_ptr<BackwardArgs> bwd_;
+};
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
 }
 
 // One tuning at a time per process: concurrent timings would disturb each other.
@@ -95,25 +104,49 @@ std::mutex& tuning_mutex() {
 
 detail::TuneRecord measure_all(const Selection& sel, const AttentionSpec& spec, const Policy& policy,
                                const std::string& bucket) {
-  detail::TuneData data = detail::make_tune_data(spec, sel.mode);
-  // Highest priority first: the likely winner sets the bar early.
-  std::vector<std::pair<double, std::string>> times;
-  double best = std::numeric_limits<double>::infinity();
+  const detail::TuneData data = detail::make_tune_data(spec, sel.mode);
+  struct Candidate {
+    std::string name;
+    std::unique_ptr<Timer> timer;
+    std::vector<double> runs;
+  };
+  std::vector<Candidate> cands;
   for (const Verdict& v : sel.verdicts) {
     if (!v.viable) continue;
     const auto backend = Registry::global().find(v.backend);
     if (!backend) continue;
-    const double t = time_plan(*backend, backend->find_variant(v.variant), spec, sel.mode, sel.device, data, best);
-    best = std::min(best, t);
-    times.emplace_back(t, plan_name(v));
+    cands.push_back(
+        {plan_name(v),
+         std::make_unique<Timer>(*backend, backend->find_variant(v.variant), spec, sel.mode, sel.device, data),
+         {}});
+  }
+  // Warm-up, highest priority first; a plan far slower than the best warm-up
+  // cannot win and keeps that one time (the scalar kernels cost one run).
+  double best_warm = std::numeric_limits<double>::infinity();
+  std::vector<double> warm(cands.size());
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    warm[i] = cands[i].timer->once();
+    best_warm = std::min(best_warm, warm[i]);
+  }
+  // Then rounds that run every remaining plan once each: a burst of load from
+  // elsewhere slows a whole round, not one plan's every run.
+  double total = 0;
+  for (int round = 0; round < kMaxRuns && (round < kMinRuns || total < kMinSeconds); ++round) {
+    for (std::size_t i = 0; i < cands.size(); ++i) {
+      if (warm[i] > kHopeless * best_warm) continue;
+      cands[i].runs.push_back(cands[i].timer->once());
+      total += cands[i].runs.back();
+    }
   }
   detail::TuneRecord r;
   r.problem = sel.spec_summary;
-  for (const auto& [t, name] : times) r.seconds.emplace_back(name, t);
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    r.seconds.emplace_back(cands[i].name, cands[i].runs.empty() ? warm[i] : median(cands[i].runs));
+  }
   if (policy.log != LogLevel::off) {
     std::string line =
         "[attend] autotune " + std::string(to_string(sel.mode)) + " " + sel.spec_summary + " (bucket " + bucket + "):";
-    for (const auto& [t, name] : times) line += " " + name + " " + format_seconds(t) + ";";
+    for (const auto& [name, t] : r.seconds) line += " " + name + " " + format_seconds(t) + ";";
     std::cerr << line << "\n";
   }
   return r;
@@ -137,17 +170,22 @@ std::optional<double> recorded(const detail::TuneRecord& r, const std::string& n
   return std::nullopt;
 }
 
-// Chooses the fastest viable verdict by `r`; false when some viable one has no time.
+// Chooses the fastest viable verdict by `r`; false when some viable one has no
+// time. Within kMargin of the priority pick (sel's choice on entry), timing
+// noise cannot tell them apart, and the priority pick stays.
 bool choose(Selection& sel, const detail::TuneRecord& r) {
   Verdict* best = nullptr;
+  Verdict* by_priority = nullptr;
   for (Verdict& v : sel.verdicts) {
     v.seconds.reset();
+    if (v.chosen) by_priority = &v;
     if (!v.viable) continue;
     v.seconds = recorded(r, plan_name(v));
     if (!v.seconds) return false;
     if (!best || *v.seconds < *best->seconds) best = &v;
   }
   if (!best) return false;
+  if (by_priority && by_priority->seconds && *by_priority->seconds <= *best->seconds * kMargin) best = by_priority;
   for (Verdict& v : sel.verdicts) v.chosen = &v == best;
   sel.backend = Registry::global().find(best->backend);
   sel.variant = sel.backend ? sel.backend->find_variant(best->variant) : -1;
@@ -195,8 +233,9 @@ void apply_autotune(Selection& sel, const AttentionSpec& spec, const Policy& pol
   if (!choose(sel, fresh)) return keep_priority(sel, "no plan could be timed");
   fresh.winner = std::string(sel.backend->name()) + ":" + std::string(sel.variant_name());
   const std::string warning = store_tune_record(path, machine, bucket, fresh);
-  sel.tuning = "autotune: measured now for bucket " + bucket + " (median of up to " + std::to_string(kMaxRuns) +
-               " runs on scratch data; " + (warning.empty() ? "saved to " + where : "not saved: " + warning) + ")";
+  sel.tuning = "autotune: measured now for bucket " + bucket + " (median of " + std::to_string(kMinRuns) + "-" +
+               std::to_string(kMaxRuns) + " interleaved rounds on scratch data; " +
+               (warning.empty() ? "saved to " + where : "not saved: " + warning) + ")";
 }
 
 }  // namespace detail

@@ -113,6 +113,7 @@ std::map<std::string, TuneRecord>& load(Memory& m, const std::string& path, cons
     warn_once(m, path, problem + ": ignored, it will be rewritten");
     return section;
   }
+  if (!j.contains("machines")) return section;  // no file yet
   const json& machines = j["machines"];
   if (!machines.contains(machine) || !machines[machine].is_object()) return section;
   const json& mine = machines[machine];
