@@ -218,7 +218,7 @@ void apply_autotune(Selection& sel, const AttentionSpec& spec, const Policy& pol
   const std::string where = path.empty() ? "memory only" : path;
   std::optional<TuneRecord> rec = find_tune_record(path, machine, bucket);
   if (measure != Measure::always && rec && choose(sel, *rec)) {
-    sel.tuning = "autotune: times recorded for bucket " + bucket + " (" + where + ")";
+    sel.tuning = "times recorded for bucket " + bucket + " (" + where + ")";
     return;
   }
   if (measure == Measure::never) return keep_priority(sel, "bucket " + bucket + " has no times yet");
@@ -226,14 +226,14 @@ void apply_autotune(Selection& sel, const AttentionSpec& spec, const Policy& pol
   // Another thread may have tuned this bucket while this one waited.
   rec = find_tune_record(path, machine, bucket);
   if (measure != Measure::always && rec && choose(sel, *rec)) {
-    sel.tuning = "autotune: times recorded for bucket " + bucket + " (" + where + ")";
+    sel.tuning = "times recorded for bucket " + bucket + " (" + where + ")";
     return;
   }
   TuneRecord fresh = merge(std::move(rec), measure_all(sel, spec, policy, bucket));
   if (!choose(sel, fresh)) return keep_priority(sel, "no plan could be timed");
   fresh.winner = std::string(sel.backend->name()) + ":" + std::string(sel.variant_name());
   const std::string warning = store_tune_record(path, machine, bucket, fresh);
-  sel.tuning = "autotune: measured now for bucket " + bucket + " (median of " + std::to_string(kMinRuns) + "-" +
+  sel.tuning = "measured now for bucket " + bucket + " (median of " + std::to_string(kMinRuns) + "-" +
                std::to_string(kMaxRuns) + " interleaved rounds on scratch data; " +
                (warning.empty() ? "saved to " + where : "not saved: " + warning) + ")";
 }
