@@ -268,6 +268,44 @@ TEST_F(AutotuneTest, TuneRemeasuresAndTheLogLineAppearsOncePerBucket) {
   EXPECT_EQ(again.backend->name(), "fast_fake");
 }
 
+// The scratch data must satisfy every backend's tensor validation for each
+// problem kind, or the plans could not be timed at all.
+TEST_F(AutotuneTest, EveryProblemKindIsTimedOnValidScratchDataByEveryViablePlan) {
+  policy.disabled.clear();  // the real backends too
+  AttentionSpec varlen = tiny();
+  varlen.layout = Layout::thd;
+  varlen.batch = 3;
+  varlen.total_q = 20;
+  varlen.total_kv = 30;
+  AttentionSpec paged = tiny();
+  paged.batch = 2;
+  paged.kv_page_size = 4;
+  paged.kv_leftpad = true;
+  AttentionSpec features = tiny();
+  features.layout = Layout::bhsd;
+  features.has_bias = true;
+  features.bias_requires_grad = true;
+  features.alibi = true;
+  features.dropout_p = 0.1;
+  AttentionSpec half = tiny();
+  half.dtype = DType::bf16;
+  const std::pair<AttentionSpec, Mode> cases[] = {{varlen, Mode::training},
+                                                  {paged, Mode::inference},
+                                                  {features, Mode::training},
+                                                  {half, Mode::training},
+                                                  {half, Mode::inference}};
+  for (const auto& [spec, mode] : cases) {
+    const Selection sel = tune(spec, mode, policy);
+    ASSERT_TRUE(sel.backend) << describe(spec);
+    int timed = 0;
+    for (const Verdict& v : sel.verdicts) {
+      EXPECT_EQ(v.seconds.has_value(), v.viable) << v.backend << ":" << v.variant << " " << describe(spec);
+      timed += v.seconds ? 1 : 0;
+    }
+    EXPECT_GE(timed, 1) << sel.explain();
+  }
+}
+
 TEST_F(AutotuneTest, TheStrategyComesFromTheEnvironment) {
   setenv("ATTEND_SELECT", "autotune", 1);
   setenv("ATTEND_TUNE_CACHE", cache.c_str(), 1);
