@@ -17,6 +17,9 @@ CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd) {
   add_problem_flags(*sub, cmd.problem);
   sub->add_flag("--json", cmd.json, "print the selection as JSON");
   add_cp_flags(*sub, cmd.cp, false);
+  sub->add_flag("--autotune", cmd.autotune,
+                "choose by measured time (--select autotune): times every viable plan once per shape bucket "
+                "and shows each time");
   return sub;
 }
 
@@ -49,7 +52,8 @@ int explain_cp(const SelectCommand& cmd, const Problem& p) {
 }  // namespace
 
 int run_select(const SelectCommand& cmd) {
-  const Problem p = make_problem(cmd.problem);
+  Problem p = make_problem(cmd.problem);
+  if (cmd.autotune) p.policy.strategy = attend::Strategy::autotune;
   if (cmd.cp.enabled()) return explain_cp(cmd, p);
   if (cmd.json) {
     try {

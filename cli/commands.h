@@ -25,7 +25,7 @@ inline constexpr int kExitCheckFailed = 3;
 struct SelectCommand {
   ProblemFlags problem;
   CpFlags cp;
-  bool json = false;
+  bool json = false, autotune = false;
 };
 CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd);
 int run_select(const SelectCommand& cmd);
@@ -45,6 +45,17 @@ int run_run(RunCommand& cmd, const CLI::App& sub);
 // `run --cp N` under mpirun: the job split across the ranks, checked on rank 0.
 // Built with the MPI engine only (ATTEND_CLI_MPI).
 int run_cp(RunCommand& cmd);
+
+// attend tune: time the viable plans of a problem (or of a grid of shapes,
+// --sweep) now, record the winners in the autotune cache, print the table.
+struct TuneCommand {
+  ProblemFlags problem;
+  bool sweep = false;
+  std::ostream* out = &std::cout;       // the table
+  std::ostream* progress = &std::cerr;  // "[i/n] shape" while tuning
+};
+CLI::App* add_tune_command(CLI::App& app, TuneCommand& cmd);
+int run_tune(TuneCommand& cmd, const CLI::App& sub);
 
 // attend bench: flash vs the unfused OpenBLAS baseline (and the reference) next
 // to a measured sgemm peak. Built only with ATTEND_BUILD_BENCH (ATTEND_CLI_BENCH).

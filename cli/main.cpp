@@ -30,6 +30,10 @@ constexpr const char* kFooter =
     "  ATTEND_BACKEND=name[:variant] force this backend or variant (--backend overrides it)\n"
     "  ATTEND_DISABLE=a,b           never use these backends (--disable adds to it)\n"
     "  ATTEND_LOG=info|debug        print each new selection's table to stderr (debug: cache hits too)\n"
+    "  ATTEND_SELECT=priority|autotune\n"
+    "                               how to choose among viable plans (--select overrides it)\n"
+    "  ATTEND_TUNE_CACHE=path|off   autotune cache file (default $XDG_CACHE_HOME/attend/autotune.json\n"
+    "                               or ~/.cache/attend/autotune.json; --tune-cache overrides it)\n"
     "  ATTEND_ISA=avx512amx|avx512bf16|avx512|avx2|scalar\n"
     "                               cap flash's and decode's kernel family (--isa overrides it)\n"
     "  ATTEND_NUM_THREADS=n         cap flash's and decode's threads (else OMP_NUM_THREADS)\n"
@@ -62,6 +66,8 @@ int main(int argc, char** argv) {
   RunCommand run_cmd;
   CLI::App* select_app = add_select_command(app, select_cmd);
   CLI::App* run_app = add_run_command(app, run_cmd);
+  TuneCommand tune_cmd;
+  CLI::App* tune_app = add_tune_command(app, tune_cmd);
 #ifdef ATTEND_CLI_BENCH
   BenchCommand bench_cmd;
   CLI::App* bench_app = add_bench_command(app, bench_cmd);
@@ -88,6 +94,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (select_app->parsed()) return run_select(select_cmd);
     if (run_app->parsed()) return run_run(run_cmd, *run_app);
+    if (tune_app->parsed()) return run_tune(tune_cmd, *tune_app);
 #ifdef ATTEND_CLI_BENCH
     if (bench_app->parsed()) return run_bench(bench_cmd, *bench_app);
 #endif

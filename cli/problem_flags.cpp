@@ -153,6 +153,13 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
   app.add_option("--isa", f.isa,
                  "widest CPU kernel family: avx512amx|avx512bf16|avx512|avx2|scalar (overrides ATTEND_ISA)")
       ->group(m);
+  app.add_option("--select", f.select,
+                 "selection strategy: priority, or autotune (time the viable plans once per shape bucket; "
+                 "overrides ATTEND_SELECT)")
+      ->group(m);
+  app.add_option("--tune-cache", f.tune_cache,
+                 "autotune cache file, or off (overrides ATTEND_TUNE_CACHE; default ~/.cache/attend/autotune.json)")
+      ->group(m);
 }
 
 namespace {
@@ -263,6 +270,11 @@ void apply_policy(const ProblemFlags& f, attend::Policy& policy) {
     policy.isa = f.isa;
     policy.isa_source = "--isa";
   }
+  if (!f.select.empty()) {
+    policy.strategy_source = "--select";
+    policy.strategy = attend::parse_strategy(f.select, policy.strategy_source);
+  }
+  if (!f.tune_cache.empty()) policy.tune_cache = f.tune_cache;
   attend::validate_policy(policy);
 }
 

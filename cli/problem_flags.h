@@ -43,6 +43,7 @@ struct ProblemFlags {
   std::int64_t page_size = 64;
   std::vector<std::int64_t> cache_seqlens, cache_leftpad;
   std::string backend, isa;
+  std::string select, tune_cache;  // --select priority|autotune, --tune-cache path|off
   std::vector<std::string> disable;
 
   // Options whose presence (not only value) matters.

@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev                # sgemm baseline for benchmarks
   libcli11-dev                   # command-line parsing
   libopenmpi-dev openmpi-bin     # context parallelism (src/parallel/ MPI engine, its tests)
+  nlohmann-json3-dev             # the autotune cache file (JSON)
   # attend.torch (python/): Debian's PyTorch is for /usr/bin/python3
   python3-dev python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
 )

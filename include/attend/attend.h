@@ -15,3 +15,4 @@
 #include "attend/spec.h"
 #include "attend/spec_fields.h"
 #include "attend/tensor.h"
+#include "attend/tune.h"

@@ -228,6 +228,15 @@ class Backend {
   // Index of the variant called `name`, or -1.
   int find_variant(std::string_view name) const;
 
+  // A speed preference, not a limit: true when this backend expects to be
+  // slower than the backends registered below it on `spec` (decode above its
+  // measured seqlen_q crossover with flash). The priority strategy then ranks
+  // it after every viable backend that does not defer (it still runs when none
+  // other can); autotune ignores it and measures. Pure and allocation-free
+  // when `why` is null; otherwise sets *why to one sentence naming the field,
+  // its value and the crossover. Default: never defers.
+  virtual bool defers(const AttentionSpec& spec, Mode mode, const Target& target, std::string* why = nullptr) const;
+
  protected:
   // The backend's own conditions for a validated spec on a device it serves and
   // an available variant (target.variant is resolved, >= 0). Adds a reason per

@@ -55,6 +55,8 @@ std::span<const Variant> Backend::variants() const {
   return {&kDefault, 1};
 }
 
+bool Backend::defers(const AttentionSpec&, Mode, const Target&, std::string*) const { return false; }
+
 int Backend::find_variant(std::string_view name) const {
   const auto all = variants();
   for (std::size_t i = 0; i < all.size(); ++i) {

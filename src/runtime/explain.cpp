@@ -17,13 +17,29 @@ std::string pass_cell(const std::optional<Support>& s) {
   return s->ok() ? "ok" : "NO";
 }
 
-std::string verdict_cell(const Verdict& v) {
-  if (v.chosen) return "chosen";
+std::string verdict_cell(const Verdict& v, const Verdict* winner) {
+  if (v.chosen) return v.seconds ? "chosen (fastest)" : "chosen";
   if (v.disabled) return "disabled by policy";
   if (v.not_forced) return "skipped: another backend or variant is forced";
   if (!v.variant_excluded.empty()) return "excluded: " + v.variant_excluded;
+  if (v.viable && v.seconds && winner && winner->seconds && *winner->seconds > 0) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "viable (%.2fx slower)", *v.seconds / *winner->seconds);
+    return buf;
+  }
+  if (v.viable && !v.deferred.empty()) return "viable (defers: a speed preference)";
   if (v.viable) return "viable (lower priority)";
   return "rejected";
+}
+
+std::string time_cell(const Verdict& v) {
+  if (!v.seconds) return "-";
+  char buf[32];
+  if (*v.seconds < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.1f us", *v.seconds * 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.3f ms", *v.seconds * 1e3);
+  return buf;
 }
 
 bool same_details(const Verdict& a, const Verdict& b) {
@@ -41,6 +57,12 @@ bool same_details(const Verdict& a, const Verdict& b) {
 std::string pad(std::string s, std::size_t width) {
   if (s.size() < width) s.append(width - s.size(), ' ');
   return s;
+}
+
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
 }
 
 std::string support_json(const Support& s) {
@@ -67,9 +89,16 @@ std::string Selection::explain() const {
   std::string out = "problem: " + spec_summary + "\nmode:    " + std::string(to_string(mode)) + " (needs " +
                     (mode == Mode::training ? "forward + backward" : "forward") + ")" +
                     (device.is_host() ? "" : ", tensors on " + to_string(device)) + "\n";
+  const Verdict* winner = nullptr;
+  bool timed = false;
+  for (const auto& v : verdicts) {
+    if (v.chosen) winner = &v;
+    timed = timed || v.seconds.has_value();
+  }
+  if (strategy == Strategy::autotune) out += "strategy: autotune (" + tuning + ")\n";
   out += pad("backend", name_w) + pad("variant", var_w) + pad("priority", 10) + pad("forward", 9) +
-         pad("backward", 10) + "verdict / reasons\n";
-  out += std::string(name_w + var_w + 29 + 17, '-') + "\n";
+         pad("backward", 10) + (timed ? pad("time", 12) : "") + "verdict / reasons\n";
+  out += std::string(name_w + var_w + 29 + 17 + (timed ? 12 : 0), '-') + "\n";
   const Verdict* shown = nullptr;  // the last row whose details were printed
   std::string noted;               // the backend whose notes were last printed
   for (const auto& v : verdicts) {
@@ -77,8 +106,10 @@ std::string Selection::explain() const {
     const bool unavailable = v.forward.failed(ReasonCode::variant);
     out += pad(v.backend, name_w) + pad(v.variant, var_w) + pad(std::to_string(v.priority), 10) +
            pad(unavailable ? "-" : pass_cell(v.forward), 9) + pad(unavailable ? "-" : pass_cell(v.backward), 10) +
-           verdict_cell(v) + "\n";
+           (timed ? pad(time_cell(v), 12) : "") + verdict_cell(v, winner) + "\n";
     if (unavailable) continue;
+    // A speed preference is not a reason: it only orders the priority strategy.
+    if (!v.deferred.empty() && !timed) out += std::string(name_w, ' ') + "~ defers: " + v.deferred + "\n";
     // Variants of one backend usually agree: say so instead of repeating them.
     if (shown && shown->backend == v.backend && same_details(*shown, v) &&
         (!v.forward.reasons.empty() || (v.backward && !v.backward->reasons.empty()))) {
@@ -104,7 +135,10 @@ std::string Selection::explain() const {
     if (printed_notes) noted = v.backend;
     shown = &v;
   }
-  if (backend) out += "selected: " + std::string(backend->name()) + " (" + std::string(variant_name()) + ")\n";
+  if (backend) {
+    out += "selected: " + std::string(backend->name()) + " (" + std::string(variant_name()) + ")" +
+           (winner && winner->seconds ? ", fastest measured: " + time_cell(*winner) : "") + "\n";
+  }
   return out;
 }
 
@@ -114,6 +148,8 @@ std::string Selection::to_json() const {
       "\", \"device\": \"" + to_string(device) +
       "\", \"selected\": " + (backend ? "\"" + json_escape(backend->name()) + "\"" : std::string("null")) +
       ", \"selected_variant\": " + (backend ? "\"" + json_escape(variant_name()) + "\"" : std::string("null")) +
+      ", \"strategy\": \"" + std::string(to_string(strategy)) +
+      "\", \"tuning\": " + (tuning.empty() ? std::string("null") : "\"" + json_escape(tuning) + "\"") +
       ", \"backends\": [";
   for (std::size_t i = 0; i < verdicts.size(); ++i) {
     const Verdict& v = verdicts[i];
@@ -124,7 +160,9 @@ std::string Selection::to_json() const {
            ", \"disabled\": " + (v.disabled ? "true" : "false") +
            ", \"not_forced\": " + (v.not_forced ? "true" : "false") + ", \"variant_excluded\": " +
            (v.variant_excluded.empty() ? std::string("null") : "\"" + json_escape(v.variant_excluded) + "\"") +
-           ", \"viable\": " + (v.viable ? "true" : "false") + ", \"chosen\": " + (v.chosen ? "true" : "false") + "}";
+           ", \"viable\": " + (v.viable ? "true" : "false") + ", \"chosen\": " + (v.chosen ? "true" : "false") +
+           ", \"deferred\": " + (v.deferred.empty() ? std::string("null") : "\"" + json_escape(v.deferred) + "\"") +
+           ", \"seconds\": " + (v.seconds ? number(*v.seconds) : std::string("null")) + "}";
   }
   return out + "]}";
 }

@@ -59,6 +59,14 @@ std::string registered_names() {
 
 }  // namespace
 
+std::string_view to_string(Strategy strategy) { return strategy == Strategy::autotune ? "autotune" : "priority"; }
+
+Strategy parse_strategy(std::string_view text, const std::string& source) {
+  if (text == "priority") return Strategy::priority;
+  if (text == "autotune") return Strategy::autotune;
+  throw Error(ErrorCode::invalid_argument, source, std::string(text), "expected priority or autotune");
+}
+
 Policy Policy::from_env() {
   Policy p;
   p.force_source = "ATTEND_BACKEND";
@@ -67,6 +75,11 @@ Policy Policy::from_env() {
   if (const char* force = std::getenv("ATTEND_BACKEND"); force && *force) p.force = force;
   if (const char* disabled = std::getenv("ATTEND_DISABLE")) p.disabled = split_list(disabled);
   if (const char* isa = std::getenv("ATTEND_ISA"); isa && *isa) p.isa = isa;
+  if (const char* sel = std::getenv("ATTEND_SELECT"); sel && *sel) {
+    p.strategy_source = "ATTEND_SELECT";
+    p.strategy = parse_strategy(sel, p.strategy_source);
+  }
+  if (const char* cache = std::getenv("ATTEND_TUNE_CACHE")) p.tune_cache = cache;
   if (const char* log = std::getenv("ATTEND_LOG"); log && *log) {
     const std::string_view v(log);
     if (v == "info")
@@ -135,6 +148,7 @@ std::string policy_key(const Policy& p) {
   for (const auto& d : p.disabled) key += ",-" + d;
   if (p.isa) key += ",isa=" + *p.isa;
   key += ",log=" + std::to_string(static_cast<int>(p.log));
+  if (p.strategy == Strategy::autotune) key += ",autotune=" + p.tune_cache;
   return key;
 }
 

@@ -15,6 +15,7 @@
 #include "attend/error.h"
 #include "attend/registry.h"
 #include "attend/spec_fields.h"
+#include "runtime/autotune.h"
 #include "runtime/policy_state.h"
 #include "runtime/select_cache.h"
 
@@ -68,16 +69,35 @@ std::shared_ptr<Selection> evaluate_all(const AttentionSpec& spec, Mode mode, co
       if (mode == Mode::training) v.backward = e.backend->check(spec, Pass::backward, target);
       const bool eligible = !v.disabled && !v.not_forced && v.variant_excluded.empty();
       v.viable = eligible && v.forward.ok() && (!v.backward || v.backward->ok());
-      if (candidates && !sel->backend) candidates->push_back({e.backend, static_cast<int>(i), eligible});
-      if (v.viable && !sel->backend) {
-        v.chosen = true;
-        sel->backend = e.backend;
-        sel->variant = static_cast<int>(i);
-      }
+      if (v.viable) (void)e.backend->defers(spec, mode, target, &v.deferred);
+      if (candidates) candidates->push_back({e.backend, static_cast<int>(i), eligible});
       sel->verdicts.push_back(std::move(v));
     }
   }
+  // Priority: the first viable plan that does not defer, else the first viable one.
+  const std::size_t none = sel->verdicts.size();
+  std::size_t chosen = none, fallback = none;
+  for (std::size_t i = 0; i < sel->verdicts.size() && chosen == none; ++i) {
+    const Verdict& v = sel->verdicts[i];
+    if (!v.viable) continue;
+    if (v.deferred.empty())
+      chosen = i;
+    else if (fallback == none)
+      fallback = i;
+  }
+  if (chosen == none) chosen = fallback;
+  if (chosen != none) {
+    Verdict& v = sel->verdicts[chosen];
+    v.chosen = true;
+    sel->backend = Registry::global().find(v.backend);
+    sel->variant = sel->backend->find_variant(v.variant);
+  }
   return sel;
+}
+
+// The strategy's final say on an evaluated selection.
+void apply_strategy(Selection& sel, const AttentionSpec& spec, const Policy& policy, detail::Measure measure) {
+  if (policy.strategy == Strategy::autotune && sel.backend) detail::apply_autotune(sel, spec, policy, measure);
 }
 
 [[noreturn]] void throw_unfit(const Selection& sel, const Policy& policy) {
@@ -147,7 +167,9 @@ Key make_key(const AttentionSpec& s, Mode mode, Device device, std::uint64_t pol
 
 struct Entry {
   std::shared_ptr<const Selection> selection;
-  std::vector<detail::Candidate> candidates;  // every (backend, variant) up to the chosen one
+  std::vector<detail::Candidate> candidates;  // every (backend, variant), in verdict order
+  std::size_t chosen = 0;                     // index of the selected candidate
+  bool tuned = false;                         // chosen by measured times, not priority
   AttentionSpec spec;                         // the problem it was computed for
 };
 
@@ -180,16 +202,24 @@ bool same_problem(const AttentionSpec& a, const AttentionSpec& b) {
 // A cached choice made for another problem of the same bucket still holds for
 // `spec` when every candidate ranked above it still declines and it still
 // accepts: the checks re-run without text (Support::Detail::codes).
+// A tuned choice holds while the winner still accepts: its time stands for the
+// whole tuning bucket. A priority choice also needs the same speed preferences
+// (Backend::defers) of the candidates ranked above it.
 bool still_holds(const Entry& e, const AttentionSpec& spec, Mode mode, Device device) {
   const auto passes = [&](const detail::Candidate& c) {
     const Target t{device, c.variant};
     if (!c.backend->check(spec, Pass::forward, t, Support::Detail::codes).ok()) return false;
     return mode != Mode::training || c.backend->check(spec, Pass::backward, t, Support::Detail::codes).ok();
   };
-  for (std::size_t i = 0; i + 1 < e.candidates.size(); ++i) {
-    if (e.candidates[i].eligible && passes(e.candidates[i])) return false;
+  if (e.tuned) return passes(e.candidates[e.chosen]);
+  std::size_t fallback = e.candidates.size();  // the first viable plan that defers
+  for (std::size_t i = 0; i < e.candidates.size(); ++i) {
+    const detail::Candidate& c = e.candidates[i];
+    if (!c.eligible || !passes(c)) continue;
+    if (!c.backend->defers(spec, mode, Target{device, c.variant})) return i == e.chosen;
+    if (fallback == e.candidates.size()) fallback = i;
   }
-  return passes(e.candidates.back());
+  return fallback == e.chosen;
 }
 
 }  // namespace
@@ -232,6 +262,11 @@ std::shared_ptr<const Selection> select_shared(const AttentionSpec& spec, Mode m
   auto entry = std::make_shared<Entry>();
   std::shared_ptr<Selection> sel = evaluate_all(spec, mode, pol, device, &entry->candidates);
   if (!sel->backend) throw_unfit(*sel, pol);
+  apply_strategy(*sel, spec, pol, detail::Measure::if_needed);
+  for (std::size_t i = 0; i < sel->verdicts.size(); ++i) {
+    if (sel->verdicts[i].chosen) entry->chosen = i;
+  }
+  entry->tuned = std::any_of(sel->verdicts.begin(), sel->verdicts.end(), [](const Verdict& v) { return v.seconds; });
   if (pol.log != LogLevel::off) std::cerr << "[attend] new selection\n" << sel->explain();
   entry->selection = sel;
   entry->spec = spec;
@@ -245,7 +280,11 @@ std::shared_ptr<const Selection> select_shared(const AttentionSpec& spec, Mode m
 
 Selection select(const AttentionSpec& spec, Mode mode, const Policy& policy, Device device) {
   std::shared_ptr<const Selection> sel = detail::select_shared(spec, mode, &policy, device);
-  if (sel->spec_summary != describe(spec)) return *evaluate_all(spec, mode, policy, device, nullptr);
+  if (sel->spec_summary != describe(spec)) {
+    const std::shared_ptr<Selection> own = evaluate_all(spec, mode, policy, device, nullptr);
+    apply_strategy(*own, spec, policy, detail::Measure::if_needed);
+    return *own;
+  }
   return *sel;
 }
 
@@ -256,7 +295,9 @@ Selection select(const AttentionSpec& spec, Mode mode) {
 
 Selection evaluate(const AttentionSpec& spec, Mode mode, const Policy& policy, Device device) {
   validate(spec);
-  return *evaluate_all(spec, mode, policy, device, nullptr);
+  const std::shared_ptr<Selection> sel = evaluate_all(spec, mode, policy, device, nullptr);
+  apply_strategy(*sel, spec, policy, detail::Measure::never);
+  return *sel;
 }
 
 void clear_selection_cache() {

@@ -13,8 +13,9 @@
 // 64/512); GQA/MQA, causal/window masks, softcap, ALiBi, additive bias, dropout,
 // varlen, strided and paged K/V. It has no backward: check(spec, Pass::backward)
 // says so (ReasonCode::no_backward), so training never selects it. Forward
-// declines seqlen_q above kDecodeMaxSeqlenQ, where flash is faster (measured
-// crossover, see bench/decode_bench.cpp). The split plan is a function of the
+// runs any seqlen_q; above kDecodeMaxSeqlenQ it defers to flash, which is
+// usually faster there (a speed preference of the priority strategy, see
+// Backend::defers and bench/decode_bench.cpp; autotune measures instead). The split plan is a function of the
 // spec alone, so results are bitwise identical for any thread count.
 // Environment: ATTEND_ISA and ATTEND_NUM_THREADS as for flash.
 #pragma once
@@ -27,13 +28,14 @@
 
 namespace attend {
 
-// Largest seqlen_q decode accepts: above it flash's query-blocked kernel wins.
+// Largest seqlen_q decode does not defer on: above it flash's query-blocked
+// kernel usually wins (the crossover measured by bench/decode_bench).
 inline constexpr std::int64_t kDecodeMaxSeqlenQ = 16;
 inline constexpr std::int64_t kDecodeMaxHeadDim = 1024;
 
 struct DecodeOptions {
-  // Largest seqlen_q the check accepts. The registered backend uses the default;
-  // benchmarks raise it to measure past the crossover.
+  // Largest seqlen_q on which decode does not defer to flash (Backend::defers).
+  // The registered backend uses the default.
   std::int64_t max_seqlen_q = kDecodeMaxSeqlenQ;
 };
 

@@ -64,10 +64,6 @@ class DecodeBackend final : public Backend {
              ": decode writes out in the input dtype (its own splits are combined in f32 inside)";
     });
     detail::require_f32_logit_terms(s, name(), sup);
-    sup.require(s.seqlen_q <= options_.max_seqlen_q, ReasonCode::seqlen, [&] {
-      return "seqlen_q=" + std::to_string(s.seqlen_q) + " exceeds the decode limit " +
-             std::to_string(options_.max_seqlen_q) + " (longer query blocks run faster on flash)";
-    });
     sup.require(s.head_dim_qk <= kDecodeMaxHeadDim, ReasonCode::head_dim_qk, [&] {
       return "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the decode limit " +
              std::to_string(kDecodeMaxHeadDim);
@@ -76,7 +72,7 @@ class DecodeBackend final : public Backend {
       return "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the decode limit " +
              std::to_string(kDecodeMaxHeadDim);
     });
-    if (s.seqlen_q <= options_.max_seqlen_q && s.head_dim_qk <= kDecodeMaxHeadDim && s.head_dim_v <= kDecodeMaxHeadDim) {
+    if (s.head_dim_qk <= kDecodeMaxHeadDim && s.head_dim_v <= kDecodeMaxHeadDim) {
       const std::int64_t floats = decode::plan_splits(s).scratch_floats;
       sup.require(floats <= kMaxScratchFloats, ReasonCode::memory, [&] {
         return "per-thread scratch of " + std::to_string(floats) + " floats for " +
@@ -84,6 +80,17 @@ class DecodeBackend final : public Backend {
                std::to_string(kMaxScratchFloats);
       });
     }
+  }
+
+  // The seqlen_q crossover is a speed preference, not a limit: decode computes
+  // any number of query rows correctly, flash is faster above it.
+  bool defers(const AttentionSpec& s, Mode, const Target&, std::string* why) const override {
+    if (s.seqlen_q <= options_.max_seqlen_q) return false;
+    if (why) {
+      *why = "seqlen_q=" + std::to_string(s.seqlen_q) + " is above decode's crossover " +
+             std::to_string(options_.max_seqlen_q) + " (longer query blocks usually run faster on flash)";
+    }
+    return true;
   }
 
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target&) const override {
@@ -163,8 +170,9 @@ std::string_view decode_active_isa() {
 }
 
 namespace backends {
-// Priority 150: above flash, for the inference problems its check accepts
-// (few query rows), where it is faster; it has no backward, so training never lands here.
+// Priority 150: above flash for inference with few query rows, where it is
+// faster; above its seqlen_q crossover it defers to flash (Backend::defers).
+// It has no backward, so training never lands here.
 void register_decode(detail::BuiltinBackends& list) { list.add(make_decode_backend(), 150); }
 }  // namespace backends
 

@@ -98,12 +98,25 @@ TEST_P(RealBackends, TrainingRejectsDecodeForNoBackwardAndTrainsOnABackendWithOn
   }
 }
 
-TEST_P(RealBackends, InferenceOnPrefillShapeDeclinesDecodeForItsSeqlen) {
+TEST_P(RealBackends, InferenceOnPrefillShapeDefersFromDecodeToFlashWithoutAReason) {
   const testing::Problem p = testing::make_problem(shape(false), 23);
   const Selection sel = select(p.spec, Mode::inference);
-  EXPECT_TRUE(has_code(verdict(sel, "decode").forward, ReasonCode::seqlen));
+  const Verdict& d = verdict(sel, "decode");
+  // The crossover is a speed preference: decode can run it, priority prefers flash.
+  EXPECT_TRUE(d.forward.ok()) << sel.explain();
+  EXPECT_TRUE(d.viable);
+  EXPECT_NE(d.deferred.find("seqlen_q=" + std::to_string(p.spec.seqlen_q)), std::string::npos) << d.deferred;
   EXPECT_EQ(sel.backend->name(), "flash");
+  const std::string text = sel.explain();
+  EXPECT_NE(text.find("~ defers: seqlen_q="), std::string::npos) << text;
+  EXPECT_EQ(text.find("[seqlen]"), std::string::npos) << text;
   expect_matches_reference(p, forward(p.inputs, p.spec, Mode::inference), nullptr);
+  // Forced, decode runs that shape, and matches the reference too.
+  Policy forced;
+  forced.force = "decode";
+  const ForwardResult fwd = forward(p.inputs, p.spec, Mode::inference, &forced);
+  EXPECT_EQ(fwd.ctx.backend().name(), "decode");
+  expect_matches_reference(p, fwd, nullptr);
 }
 
 TEST_P(RealBackends, DisablingDecodeFallsBackToTheNextViableBackendWithTheSameResults) {

@@ -203,16 +203,20 @@ TEST(DecodeBehaviour, ResultIsBitwiseIdenticalForAnyThreadCount) {
   EXPECT_TRUE(testing::bitwise_equal(one.lse, three.lse));
 }
 
-TEST(DecodeBehaviour, CheckDeclinesBackwardLongQueryBlocksAndOtherDtypes) {
+TEST(DecodeBehaviour, CheckDeclinesBackwardAndOtherDtypesButOnlyDefersOnLongQueryBlocks) {
   const auto decode = make_decode_backend();
   AttentionSpec s = spec_of(make("t", 1, 100, 64, 64));
   const Support bwd = decode->check(s, Pass::backward);
   ASSERT_FALSE(bwd.ok());
   EXPECT_EQ(bwd.reasons[0].code, ReasonCode::no_backward);
   EXPECT_NE(bwd.to_string().find("no backward"), std::string::npos);
+  s.seqlen_q = kDecodeMaxSeqlenQ;
+  EXPECT_FALSE(decode->defers(s, Mode::inference, {}));
   s.seqlen_q = kDecodeMaxSeqlenQ + 1;
-  ASSERT_FALSE(decode->check(s, Pass::forward).ok());
-  EXPECT_EQ(decode->check(s, Pass::forward).reasons[0].code, ReasonCode::seqlen);
+  EXPECT_TRUE(decode->check(s, Pass::forward).ok()) << decode->check(s, Pass::forward).to_string();
+  std::string why;
+  EXPECT_TRUE(decode->defers(s, Mode::inference, {}, &why));
+  EXPECT_NE(why.find("seqlen_q=17 is above decode's crossover 16"), std::string::npos) << why;
   s.seqlen_q = 1;
   s.dtype = DType::f64;
   EXPECT_EQ(decode->check(s, Pass::forward).reasons.at(0).code, ReasonCode::dtype);
