@@ -11,8 +11,10 @@ packages=(
   libbenchmark-dev               # Google Benchmark
   libopenblas-dev                # sgemm baseline for benchmarks
   libcli11-dev                   # command-line parsing
-  # attend.torch (python/): Debian's PyTorch is for /usr/bin/python3
-  python3-dev python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
+  # The Python package (python/): its extension builds with pybind11 for
+  # /usr/bin/python3 (no libtorch); the tests use Debian's torch 1.13 there, and
+  # python3-venv for the PyTorch 2.x and pip-install environments.
+  python3-dev python3-venv python3-torch pybind11-dev python3-pytest python3-numpy
 )
 
 missing=()
