@@ -6,25 +6,33 @@
 # that sees Debian's torch 1.13 (--system-site-packages) and runs a PyTorch
 # forward+backward against autograd's math path.
 #
-# Wall time: the CMake build directory is cached in ${ATTEND_CACHE:-~/.cache/attend}
-# (incremental rebuilds) and pip's own cache keeps the downloads.
+# Wall time: with ATTEND_PREBUILT=<build tree> (ctest passes its own) the wheel
+# links that tree's libattend and compiles only the extension; the CMake build
+# directory and the venvs are cached per checkout in ${ATTEND_CACHE:-~/.cache/attend}
+# (incremental rebuilds), and pip's own cache keeps the downloads.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 base="${ATTEND_PYTHON:-/usr/bin/python3}"
 cache="${ATTEND_CACHE:-$HOME/.cache/attend}"
-# Fixed paths: the cached CMake build remembers the interpreter and pybind11 it found.
-numpy_env="$cache/install-test/numpy"
-torch_env="$cache/install-test/torch1"
+# Fixed paths per checkout: the cached CMake build remembers its source tree,
+# the interpreter and the pybind11 it found.
+work="$cache/install-test/$(printf '%s' "$root" | sha1sum | cut -c1-12)"
+numpy_env="$work/numpy"
+torch_env="$work/torch1"
 wheels="$(mktemp -d)"
 trap 'rm -rf "$wheels"' EXIT
-mkdir -p "$cache/install-test"
+mkdir -p "$work"
+prebuilt=()
+if [[ -n "${ATTEND_PREBUILT:-}" ]]; then
+  prebuilt=(--config-settings=cmake.define.ATTEND_PYTHON_PREBUILT="$ATTEND_PREBUILT")
+fi
 
 rm -rf "$numpy_env" "$torch_env"
 "$base" -m venv "$numpy_env"
 "$numpy_env/bin/python" -m pip install -q numpy pytest scikit-build-core pybind11
 # --no-build-isolation: the build tools above, at fixed paths the cached build can keep.
 "$numpy_env/bin/python" -m pip wheel -q --no-deps --no-build-isolation -w "$wheels" \
-  --config-settings=build-dir="$cache/install-test/build" "$root"
+  --config-settings=build-dir="$work/build" "${prebuilt[@]}" "$root"
 wheel="$(ls "$wheels"/attend-*.whl)"
 echo "built $(basename "$wheel")"
 "$numpy_env/bin/python" -m pip install -q "$wheel"

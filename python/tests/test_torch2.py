@@ -10,7 +10,7 @@ import attend.torch
 from attend.torch import flash_attn_func, scaled_dot_product_attention
 from conftest import check_close, randn
 
-TORCH2 = hasattr(torch.nn.functional, "scaled_dot_product_attention")
+TORCH2 = hasattr(torch.nn.functional, "scaled_dot_product_attention") and hasattr(torch.nn, "attention")
 pytestmark = pytest.mark.skipif(not TORCH2, reason=f"torch {torch.__version__} has no SDPA")
 
 
