@@ -25,10 +25,15 @@ def is_torch(x):
     return t is not None and isinstance(x, t.Tensor)
 
 
+_TORCH_NAMES = {}
+
+
 def torch_dtype_names():
-    import torch
-    return {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
-            torch.int32: "i32"}
+    if not _TORCH_NAMES:  # filled on first use: importing attend must not import torch
+        import torch
+        _TORCH_NAMES.update({torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16",
+                             torch.float16: "f16", torch.int32: "i32"})
+    return _TORCH_NAMES
 
 
 def _describe_torch(t, name):
@@ -42,9 +47,10 @@ def _describe_torch(t, name):
     if dtype is None:
         _raise(InvalidArgumentError, f"{name}.dtype", t.dtype,
                "attend handles float32, float64, bfloat16, float16 and int32 index tensors")
-    # A view with conjugate/negative bits would be read without them.
-    if hasattr(t, "resolve_conj"):
-        t = t.resolve_conj().resolve_neg()
+    # A view with a negative bit would be read without it (conjugation only
+    # concerns complex dtypes, which are rejected above).
+    if hasattr(t, "is_neg") and t.is_neg():
+        t = t.resolve_neg()
     if t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
         t = t.contiguous()
     return (t.data_ptr(), dtype, tuple(t.shape), tuple(t.stride())), t

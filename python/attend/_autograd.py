@@ -50,8 +50,9 @@ def _expected(spec, role):
 def _native_forward(spec, mode, tensors):
     """(out, lse, call, keep): runs the native forward into fresh torch tensors."""
     descs, keep = _arrays.describe_all(tensors)
-    out = torch.empty(*_expected(spec, "out")[:1], dtype=_expected(spec, "out")[1])
-    lse = torch.empty(*_expected(spec, "lse")[:1], dtype=_expected(spec, "lse")[1])
+    out_shape, out_dtype = _expected(spec, "out")
+    lse_shape, lse_dtype = _expected(spec, "lse")
+    out, lse = torch.empty(out_shape, dtype=out_dtype), torch.empty(lse_shape, dtype=lse_dtype)
     call = _C.forward(spec, mode, descs, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0])
     _last[:] = [call.selection]
     return out, lse, call, keep
