@@ -6,8 +6,14 @@ alibi, paged K/V) is filled in from them, and a field given explicitly wins.
 Outputs are new arrays of the inputs' library.
 """
 
+from typing import Any, Dict, Optional, Sequence, Tuple
+
 from . import _C, _arrays
 from .errors import InvalidArgumentError, ShapeMismatchError, _raise
+
+# A numpy array, a torch tensor, or any object exporting DLPack; results are
+# arrays of the same library.
+ArrayLike = Any
 
 # Where batch, sequence and heads sit in a dense layout's 4 dims.
 _DENSE = {"bshd": (0, 1, 2), "bhsd": (0, 2, 1), "sbhd": (1, 0, 2)}
@@ -68,7 +74,8 @@ def _alloc(spec, role, like, zeros=False):
     return _arrays.empty(like, shape, dtype, zeros)
 
 
-def forward(q, k, v, *, mode="inference", **kwargs):
+def forward(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mode: str = "inference",
+            **kwargs: Any) -> Tuple[Any, Any]:
     """Attention forward: returns (out, lse). ``q``, ``k``, ``v`` in the spec's
     layout (``layout=``, bshd by default); further inputs by keyword (bias,
     alibi_slopes, cu_seqlens_q/kv for thd, block_table/cache_seqlens/cache_leftpad
@@ -91,7 +98,8 @@ def _grads(spec, q, bias, zeros):
     return grads
 
 
-def backward(q, k, v, out, lse, dout, **kwargs):
+def backward(q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: ArrayLike, dout: ArrayLike,
+             **kwargs: Any) -> Dict[str, Any]:
     """Backward from forward's out and lse (no forward context needed): returns
     a dict with dq, dk, dv (and dbias with bias_requires_grad=True). Takes the
     same keywords as forward; dq_dtype="f32" gives an unrounded dq for bf16/f16."""
@@ -107,7 +115,8 @@ def backward(q, k, v, out, lse, dout, **kwargs):
     return grads
 
 
-def merge(parts, *, layout="bshd", out_dtype=None, **fields):
+def merge(parts: Sequence[Tuple[ArrayLike, ArrayLike]], *, layout: str = "bshd", out_dtype: Optional[str] = None,
+          **fields: Any) -> Tuple[Any, Any]:
     """Exact combination of partial results [(out, lse), ...] over disjoint key
     sets (split-KV, ring steps): returns (out, lse). out_dtype defaults to the
     parts' dtype."""
@@ -144,7 +153,7 @@ class Plan:
     mode, **spec_fields)``. ``backend``, ``variant``, ``explain()``; ``forward``
     and ``backward`` take arrays as attend.forward/backward do, without selecting."""
 
-    def __init__(self, mode="inference", **fields):
+    def __init__(self, mode: str = "inference", **fields: Any) -> None:
         self.spec = _C.spec_from_fields(fields)
         self._plan = _C.Plan(self.spec, mode)
 
@@ -152,19 +161,20 @@ class Plan:
     variant = property(lambda self: self._plan.variant)
     mode = property(lambda self: self._plan.mode)
 
-    def explain(self):
+    def explain(self) -> str:
         return self._plan.explain()
 
-    def workspace_bytes(self, pass_="forward"):
+    def workspace_bytes(self, pass_: str = "forward") -> int:
         return self._plan.workspace_bytes(pass_)
 
-    def forward(self, q, k, v, **tensors):
+    def forward(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, **tensors: ArrayLike) -> Tuple[Any, Any]:
         descs, keep = _arrays.describe_all(dict(q=q, k=k, v=v, **tensors))
         out, lse = _alloc(self.spec, "out", q), _alloc(self.spec, "lse", q)
         self._plan.forward(descs, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0])
         return out, lse
 
-    def backward(self, q, k, v, out, lse, dout, **tensors):
+    def backward(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: ArrayLike, dout: ArrayLike,
+                 **tensors: ArrayLike) -> Dict[str, Any]:
         grads = _grads(self.spec, q, tensors.get("bias"), bool(self.spec.get("accumulate_grads")))
         descs, keep = _arrays.describe_all(dict(q=q, k=k, v=v, **tensors))
         gd, gkeep = _arrays.describe_all(grads)
@@ -176,7 +186,7 @@ class Plan:
         return f"<attend.Plan backend={self.backend!r} variant={self.variant!r} mode={self.mode!r}>"
 
 
-def select(mode="inference", **fields):
+def select(mode: str = "inference", **fields: Any) -> "Plan":
     """The Plan for a problem described by spec fields; raises UnsupportedError
     (with the verdict table) when nothing fits. attend.explain() never raises."""
     return Plan(mode, **fields)
@@ -188,8 +198,8 @@ class KVCache:
     Pages hold (page_size, heads_kv, head_dim) tokens in ``dtype``; appends and
     reads are bounds-checked (a failed append changes nothing)."""
 
-    def __init__(self, batch, heads_kv, head_dim_qk, max_seqlen, head_dim_v=None, page_size=64, num_pages=0,
-                 dtype="f32"):
+    def __init__(self, batch: int, heads_kv: int, head_dim_qk: int, max_seqlen: int, head_dim_v: Optional[int] = None,
+                 page_size: int = 64, num_pages: int = 0, dtype: str = "f32") -> None:
         self._c = _C.KVCache(batch, heads_kv, head_dim_qk, head_dim_v or head_dim_qk, max_seqlen, page_size,
                              num_pages, dtype)
 
@@ -199,19 +209,20 @@ class KVCache:
     free_pages = property(lambda self: self._c.free_pages)
     dtype = property(lambda self: self._c.dtype)
 
-    def length(self, seq):
+    def length(self, seq: int) -> int:
         return self._c.length(seq)
 
-    def leftpad(self, seq):
+    def leftpad(self, seq: int) -> int:
         return self._c.leftpad(seq)
 
-    def set_leftpad(self, seq, tokens):
+    def set_leftpad(self, seq: int, tokens: int) -> None:
         self._c.set_leftpad(seq, tokens)
 
-    def reset(self, seq):
+    def reset(self, seq: int) -> None:
         self._c.reset(seq)
 
-    def append(self, k, v, counts=None, seq=None):
+    def append(self, k: ArrayLike, v: ArrayLike, counts: Optional[Sequence[int]] = None,
+               seq: Optional[int] = None) -> None:
         """k (B, S_new, heads_kv, dqk), v likewise: appends counts[b] (default all)
         tokens to each sequence; with ``seq``, k (n, heads_kv, dqk) to that one."""
         (dk, kk), (dv, kv) = _arrays.describe(k, "k"), _arrays.describe(v, "v")
@@ -220,7 +231,7 @@ class KVCache:
         else:
             self._c.append(dk, dv, list(counts or []))
 
-    def attend(self, q, alibi_slopes=None, **fields):
+    def attend(self, q: ArrayLike, alibi_slopes: Optional[ArrayLike] = None, **fields: Any) -> Tuple[Any, Any]:
         """Attention of q (B, Sq, H, dqk; ``layout=`` bshd/bhsd/sbhd) over the
         cache: (out, lse). Masks align bottom-right to each sequence's keys."""
         q = _arrays.adopt(q)

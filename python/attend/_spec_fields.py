@@ -7,6 +7,7 @@ without a change to this package, and a bad value fails with the same error
 """
 
 import collections
+from typing import Any, Dict, List
 
 from . import _C
 from .errors import InvalidArgumentError, _raise
@@ -16,12 +17,12 @@ SpecField.__doc__ = ("One AttentionSpec field: its name (keyword), kind ('int', 
                      "or 'layout'), whether it may be None (unset), a one-line help and its default.")
 
 
-def spec_fields():
+def spec_fields() -> List[SpecField]:
     """Every attend::AttentionSpec field, in declaration order, as SpecField tuples."""
     return [SpecField(**row) for row in _C.spec_fields()]
 
 
-def spec(**fields):
+def spec(**fields: Any) -> Dict[str, Any]:
     """The complete attend::AttentionSpec that ``fields`` describe, as a dict of
     every field (the others at their defaults), e.g.
     ``attend.spec(batch=2, seqlen_q=128, seqlen_kv=128, causal=True, out_dtype="f32")``.

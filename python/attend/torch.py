@@ -14,6 +14,8 @@ results and gradients in their own dtype, LSE in float32) and float64
 upcasting. Errors are attend.errors classes.
 """
 
+from typing import Any, Optional, Tuple, Union
+
 import torch
 
 from . import _autograd, _masks
@@ -33,9 +35,12 @@ __all__ = [
 
 # True when the ops are torch.library custom ops (torch >= 2.4; torch.compile
 # traces through them), False for the autograd.Function of older torch.
-HAS_TORCH_LIBRARY_OPS = _autograd.HAS_OPS
+HAS_TORCH_LIBRARY_OPS: bool = _autograd.HAS_OPS
 
-def last_selection():
+# out, or (out, softmax_lse, S) with return_attn_probs=True.
+FlashResult = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+def last_selection() -> Optional[Explanation]:
     """Explanation of the most recent attend.torch forward in this process (its
     backend and mode), or None before the first call."""
     return _autograd.last_explanation()
@@ -153,8 +158,10 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     return Problem(spec, q, k, v, bias, restore=lambda o: o.reshape(out_shape)), out_shape
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, **spec_fields):
+def scaled_dot_product_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+        dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False,
+        **spec_fields: Any) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x semantics):
     query (N..., L, E), key (N..., S, E), value (N..., S, Ev) -> (N..., L, Ev).
 
@@ -203,8 +210,10 @@ def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, win
     return Problem(with_fields(spec, spec_fields, "flash_attn_func"), q, k, v, slopes=alibi_slopes)
 
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
+def flash_attn_func(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_func: q (B, Sq, H, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv)
     -> out (B, Sq, H, Dv). Causal and windows are bottom-right aligned; softcap,
     ALiBi (f32 slopes (H) or (B, H)), GQA/MQA (H % Hk == 0), dropout as in FA2.
@@ -225,18 +234,20 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     return out, lse, probs
 
 
-def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                              **spec_fields):
+def flash_attn_qkvpacked_func(
+        qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_qkvpacked_func: qkv (B, S, 3, H, D); read in place (strided)."""
     _check_tensor(qkv, "qkv", (5,))
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
                            softcap, alibi_slopes, deterministic, return_attn_probs, **spec_fields)
 
 
-def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                             **spec_fields):
+def flash_attn_kvpacked_func(
+        q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_kvpacked_func: q (B, Sq, H, D), kv (B, Sk, 2, Hk, D)."""
     _check_tensor(kv, "kv", (5,))
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
@@ -272,9 +283,12 @@ def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                    cu_kv=cu_k)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, **spec_fields):
+def flash_attn_varlen_func(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, block_table: Optional[torch.Tensor] = None,
+        **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_func: q (total_q, H, D), k (total_k, Hk, D),
     v (total_k, Hk, Dv), cu_seqlens int32 (B+1,); masks per sequence, bottom-right
     aligned; empty sequences allowed (their rows are 0, LSE -inf).
@@ -288,9 +302,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse, q.new_empty(0)) if return_attn_probs else out
 
 
-def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
-                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, **spec_fields):
+def flash_attn_varlen_qkvpacked_func(
+        qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_qkvpacked_func: qkv (total, 3, H, D)."""
     _check_tensor(qkv, "qkv", (4,))
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
@@ -298,9 +313,11 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                   deterministic, return_attn_probs, **spec_fields)
 
 
-def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
+def flash_attn_varlen_kvpacked_func(
+        q: torch.Tensor, kv: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+        max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_kvpacked_func: q (total_q, H, D), kv (total_k, 2, Hk, D)."""
     _check_tensor(kv, "kv", (4,))
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -314,7 +331,8 @@ _PROBLEMS = {"sdpa": lambda *a, **kw: _sdpa_problem(*a, **kw)[0], "flash_attn": 
              "flash_attn_varlen": _varlen_problem}
 
 
-def explain(q, k, v, *args, api="sdpa", mode=None, **kwargs):
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, api: str = "sdpa",
+            mode: Optional[str] = None, **kwargs: Any) -> Explanation:
     """The verdict table a call would get, without running it.
 
     ``api`` names whose arguments follow q, k, v: "sdpa" (scaled_dot_product_attention,
@@ -349,11 +367,15 @@ def _append_to_cache(k_cache, v_cache, k, v, block_table, seqlens):
     return seqlens + k.shape[1]
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
-                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
-                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
-                            **spec_fields):
+def flash_attn_with_kvcache(
+        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor] = None,
+        v: Optional[torch.Tensor] = None, rotary_cos: Optional[torch.Tensor] = None,
+        rotary_sin: Optional[torch.Tensor] = None, cache_seqlens: Union[int, torch.Tensor, None] = None,
+        cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
+        block_table: Optional[torch.Tensor] = None, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
+        alibi_slopes: Optional[torch.Tensor] = None, num_splits: int = 0, return_softmax_lse: bool = False,
+        **spec_fields: Any) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """flash_attn.flash_attn_with_kvcache (inference): q (B, Sq, H, D); k_cache,
     v_cache (B_cache, S_cache, Hk, D) or, with block_table (B, max_pages) int32,
     page pools (num_blocks, page_block_size, Hk, D). k, v (B, S_new, Hk, D), when
