@@ -63,6 +63,12 @@ def _check_dropout(dropout_p, name="dropout_p"):
 _NEW_AUTOCAST = hasattr(torch, "get_autocast_dtype")
 
 
+def _compiling():
+    """True inside a torch.compile trace (it cannot call into the extension)."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
 def _autocast(*tensors):
     """Under torch.autocast on the CPU, floating inputs in the autocast dtype
     (attention is a lower-precision op there, as torch's own SDPA is)."""
@@ -120,7 +126,7 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                f"{Hq} % {Hk} == 0 (or use 1 key/value head)")
     out_shape = tuple(query.shape[:-1]) + (Ev,)
     if B == 0:
-        with_fields({}, spec_fields, "scaled_dot_product_attention")  # still reject unknown fields
+        with_fields({}, spec_fields, "scaled_dot_product_attention", not _compiling())  # still reject unknown fields
         return None, out_shape
     if is_causal and L != S and (spec_fields.get("q_offset") or spec_fields.get("kv_offset")):
         # The top-left rewrite below slices keys by local positions, which offsets move.
@@ -154,7 +160,7 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                 window_right=right, has_bias=bias is not None, bias_requires_grad=_bias_requires_grad(bias))
     if dropout_p > 0.0:
         spec.update(dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed())
-    spec = with_fields(spec, spec_fields, "scaled_dot_product_attention")
+    spec = with_fields(spec, spec_fields, "scaled_dot_product_attention", not _compiling())
     return Problem(spec, q, k, v, bias, restore=lambda o: o.reshape(out_shape)), out_shape
 
 
@@ -207,7 +213,8 @@ def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, win
     q, k, v = _autocast(q, k, v)
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_kv=k.shape[1], layout="bshd")
-    return Problem(with_fields(spec, spec_fields, "flash_attn_func"), q, k, v, slopes=alibi_slopes)
+    spec = with_fields(spec, spec_fields, "flash_attn_func", not _compiling())
+    return Problem(spec, q, k, v, slopes=alibi_slopes)
 
 
 def flash_attn_func(
@@ -279,7 +286,8 @@ def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=cu_q.numel() - 1, seqlen_q=int(max_seqlen_q), seqlen_kv=int(max_seqlen_k), layout="thd",
                 total_q=q.shape[0], total_kv=k.shape[0])
-    return Problem(with_fields(spec, spec_fields, "flash_attn_varlen_func"), q, k, v, slopes=alibi_slopes, cu_q=cu_q,
+    spec = with_fields(spec, spec_fields, "flash_attn_varlen_func", not _compiling())
+    return Problem(spec, q, k, v, slopes=alibi_slopes, cu_q=cu_q,
                    cu_kv=cu_k)
 
 
@@ -416,7 +424,7 @@ def flash_attn_with_kvcache(
                 dtype=_masks.dtype_name(q, "q"), layout="bshd", scale=softmax_scale, causal=bool(causal),
                 window_left=left, window_right=right, softcap=float(softcap), alibi=alibi_slopes is not None,
                 kv_page_size=k_cache.shape[1], kv_leftpad=pad is not None)
-    spec = with_fields(spec, spec_fields, "flash_attn_with_kvcache")
+    spec = with_fields(spec, spec_fields, "flash_attn_with_kvcache", not _compiling())
     tensors = dict(q=q.detach(), k=k_cache.detach(), v=v_cache.detach(), alibi_slopes=alibi_slopes,
                    block_table=block_table, cache_seqlens=seqlens, cache_leftpad=pad)
     out, lse, _, _ = _autograd._native_forward(spec, "inference", tensors)

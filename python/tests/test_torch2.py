@@ -71,6 +71,30 @@ def test_torch_compile_fullgraph_matches_eager():
 
 
 @pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
+@pytest.mark.parametrize("api", ["sdpa_causal", "sdpa_bool_mask", "dot_product_attention", "flash_offsets"])
+def test_every_surface_compiles_without_graph_breaks(api):
+    calls = {
+        "sdpa_causal": lambda q, k, v: scaled_dot_product_attention(q, k, v, is_causal=True),
+        "sdpa_bool_mask": lambda q, k, v: scaled_dot_product_attention(
+            q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool).tril()),
+        "dot_product_attention": lambda q, k, v: attend.torch.DotProductAttention(4, 8, qkv_format="bshd")(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)),
+        # spec fields through **spec_fields are parsed when the op runs
+        "flash_offsets": lambda q, k, v: flash_attn_func(q, k, v, causal=True, q_offset=3, kv_offset=3),
+    }
+    fn = calls[api]
+    q, k, v = (randn(2, 4, 16, 8, seed=s).requires_grad_(True) for s in range(3))
+    eager = fn(q, k, v)
+    g_eager = torch.autograd.grad(eager.sum(), (q, k, v))
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    g_comp = torch.autograd.grad(out.sum(), (q, k, v))
+    assert torch.equal(out, eager)
+    for a, b in zip(g_comp, g_eager):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
 def test_the_ops_pass_torch_library_opcheck():
     q, k, v = (randn(1, 8, 2, 16, seed=s).requires_grad_(True) for s in range(3))
     spec = attend.torch._autograd.spec_text(dict(batch=1, seqlen_q=8, seqlen_kv=8, heads_q=2, heads_kv=2,
