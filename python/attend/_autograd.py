@@ -114,13 +114,30 @@ def spec_text(spec):
         elif value is True or value is False:
             text = "true" if value else "false"
         else:
-            text = str(value)
+            text = f"{value}"  # (str() of a float cannot be traced by dynamo; f-strings can)
         parts.append(name + "=" + text)
     return ";".join(parts)
 
 
 def spec_from_text(text):
     return dict(p.split("=", 1) for p in text.split(";") if p)
+
+
+# The size fields: the ops take them from the tensors (and cu_seqlens), not
+# from the spec string, so that compiled graphs with dynamic shapes work.
+_SIZE_FIELDS = ("batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "total_q",
+                "total_kv")
+# Where batch, sequence and heads sit in q for a dense layout.
+_DENSE_DIMS = {"bshd": (0, 1, 2), "bhsd": (0, 2, 1), "sbhd": (1, 0, 2)}
+
+
+def _op_spec(text, q, k, v, cu_q, cu_kv):
+    """The full spec of an op call: its string plus the sizes its tensors show."""
+    from ._core import infer_spec
+    s = spec_from_text(text)
+    sizes = infer_spec(q, k, v, {"layout": s.get("layout", "bshd")}, {"cu_seqlens_q": cu_q, "cu_seqlens_kv": cu_kv})
+    s.update({f: sizes[f] for f in _SIZE_FIELDS if f in sizes})
+    return s
 
 
 def _has_custom_op():
@@ -141,21 +158,28 @@ if HAS_OPS:
                           alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
                           cu_seqlens_kv: Optional[torch.Tensor], spec: str, mode: str) -> List[torch.Tensor]:
         tensors = dict(zip(_NAMES, (q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv)))
-        out, lse, _, _ = _native_forward(spec_from_text(spec), mode, tensors)
+        out, lse, _, _ = _native_forward(_op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv), mode, tensors)
         return [out, lse]
 
     @attention_forward.register_fake
     def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, spec, mode):
         s = spec_from_text(spec)
-        return [q.new_empty(*_expected(s, "out")[:1], dtype=_expected(s, "out")[1]),
-                q.new_empty(*_expected(s, "lse")[:1], dtype=_expected(s, "lse")[1])]
+        out_dtype = _TORCH_DTYPE[s["out_dtype"]] if s.get("out_dtype") else q.dtype
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        layout = s.get("layout", "bshd")
+        if layout == "thd":
+            lse_shape = (q.shape[1], q.shape[0])
+        else:
+            b, sq, h = _DENSE_DIMS[layout]
+            lse_shape = (q.shape[b], q.shape[h], q.shape[sq])
+        return [q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype), q.new_empty(lse_shape, dtype=lse_dtype)]
 
     @torch.library.custom_op("attend::attention_backward", mutates_args=())
     def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
                            cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_kv: Optional[torch.Tensor],
                            out: torch.Tensor, lse: torch.Tensor, spec: str) -> List[torch.Tensor]:
-        s = spec_from_text(spec)
+        s = _op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv)
         grads = _grad_buffers(s, bias)
         descs, keep = _arrays.describe_all(dict(zip(_NAMES, (q, k, v, bias, alibi_slopes, cu_seqlens_q,
                                                                  cu_seqlens_kv))))
@@ -167,9 +191,10 @@ if HAS_OPS:
     @attention_backward.register_fake
     def _(dout, q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, out, lse, spec):
         s = spec_from_text(spec)
-        res = [q.new_empty(*_expected(s, r)[:1], dtype=_expected(s, r)[1]) for r in ("dq", "dk", "dv")]
+        dq_dtype = _TORCH_DTYPE[s["dq_dtype"]] if s.get("dq_dtype") else q.dtype
         has_dbias = bias is not None and s.get("bias_requires_grad") == "true"
-        return res + [bias.new_empty(bias.shape) if has_dbias else q.new_empty(0)]
+        return [q.new_empty(q.shape, dtype=dq_dtype), k.new_empty(k.shape), v.new_empty(v.shape),
+                bias.new_empty(bias.shape) if has_dbias else q.new_empty(0)]
 
     def _setup(ctx, inputs, output):
         q, k, v, bias, slopes, cu_q, cu_kv, spec, _mode = inputs
@@ -192,7 +217,8 @@ def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=N
     """Runs attention; returns (out, lse)."""
     mode = mode_for((q, k, v, bias), training)
     if HAS_OPS:
-        out, lse = attention_forward(q, k, v, bias, slopes, cu_q, cu_kv, spec_text(spec), mode)
+        text = spec_text({f: x for f, x in spec.items() if f not in _SIZE_FIELDS})
+        out, lse = attention_forward(q, k, v, bias, slopes, cu_q, cu_kv, text, mode)
         return out, lse
     needs_graph = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
     if not needs_graph:

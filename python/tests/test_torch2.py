@@ -101,3 +101,20 @@ def test_the_ops_pass_torch_library_opcheck():
                                                  head_dim_qk=16, head_dim_v=16, layout="bshd"))
     torch.library.opcheck(torch.ops.attend.attention_forward.default,
                           (q, k, v, None, None, None, None, spec, "training"))
+
+
+@pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
+def test_dynamic_shapes_compile_and_match_eager():
+    # The ops read sizes from their tensors, so one graph serves every sequence length.
+    def fn(q, k, v):
+        return flash_attn_func(q, k, v, causal=True, softcap=0.5, softmax_scale=0.3)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for s in (16, 24, 40):
+        q, k, v = (randn(2, s, 4, 8, seed=i).requires_grad_(True) for i in range(3))
+        out = compiled(q, k, v)
+        eager = fn(q, k, v)
+        assert torch.equal(out, eager)
+        for a, b in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(eager.sum(), (q, k, v))):
+            assert torch.equal(a, b)
