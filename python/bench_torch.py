@@ -2,12 +2,15 @@
 """attend.torch forward+backward vs PyTorch's math path on the same tensors.
 
 The baseline is what torch 1.13 offers on the CPU (it has no fused SDPA):
-softmax(q k^T * scale + mask) v through autograd, materialising the scores.
+softmax(q k^T * scale + mask) v through autograd, materialising the scores. On
+torch 2.x the table adds torch's own F.scaled_dot_product_attention (its CPU
+flash kernel where it applies) as a second baseline.
 Both sides run forward + backward of the same loss on the same float32 leaves,
 in the same process, with the same thread count; the ratio is baseline time /
 attend time (> 1: attend is faster).
 
     PYTHONPATH=build/python /usr/bin/python3 python/bench_torch.py [--quick]
+    PYTHONPATH=build/python scripts/python-venv.sh torch2 python/bench_torch.py [--quick]
 """
 
 import argparse
@@ -60,8 +63,9 @@ def main():
         shapes = [(1, 4, 256, 64, 64, False), (1, 4, 256, 64, 64, True)]
     reps = 2 if args.quick else 3
     print(f"torch {torch.__version__}, torch threads {torch.get_num_threads()}, attend flash ISA {attend.flash_isa()}")
+    torch_sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
     print(f"{'B':>2} {'H':>3} {'S':>5} {'D/Dv':>8} {'causal':>6} {'math ms':>9} {'attend ms':>10} "
-          f"{'ratio':>6} backend")
+          f"{'ratio':>6} backend" + ("   torch-sdpa ms  sdpa/attend" if torch_sdpa else ""))
     ratios = []
     for b, h, s, d, dv, causal in shapes:
         gen = torch.Generator().manual_seed(0)
@@ -74,7 +78,12 @@ def main():
         ratio = t_math / t_att
         ratios.append(ratio)
         print(f"{b:>2} {h:>3} {s:>5} {f'{d}/{dv}':>8} {str(causal):>6} {t_math * 1e3:9.1f} {t_att * 1e3:10.1f} "
-              f"{ratio:6.2f} {attend.torch.last_selection().selected}")
+              f"{ratio:6.2f} {attend.torch.last_selection().selected:<8}", end="")
+        if torch_sdpa:
+            t_sdpa = best_of(lambda: step(lambda q, k, v, c: torch_sdpa(q, k, v, is_causal=c), q, k, v, g, causal),
+                             reps)
+            print(f" {t_sdpa * 1e3:14.1f} {t_sdpa / t_att:12.2f}", end="")
+        print()
     geo = 1.0
     for r in ratios:
         geo *= r

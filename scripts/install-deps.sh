@@ -13,8 +13,10 @@ packages=(
   libcli11-dev                   # command-line parsing
   libopenmpi-dev openmpi-bin     # context parallelism (src/parallel/ MPI engine, its tests)
   nlohmann-json3-dev             # the autotune cache file (JSON)
-  # attend.torch (python/): Debian's PyTorch is for /usr/bin/python3
-  python3-dev python3-torch libtorch-dev pybind11-dev python3-pytest python3-numpy
+  # The Python package (python/): its extension builds with pybind11 for
+  # /usr/bin/python3 (no libtorch); the tests use Debian's torch 1.13 there, and
+  # python3-venv for the PyTorch 2.x and pip-install environments.
+  python3-dev python3-venv python3-torch pybind11-dev python3-pytest python3-numpy
 )
 
 missing=()

@@ -1,14 +1,31 @@
-"""The one autograd Function every attend.torch entry point goes through.
+"""The one autograd path every attend.torch entry point goes through.
 
 Callers describe the problem as a dict of attend::AttentionSpec fields and hand
 over tensors already arranged in that spec's layout; everything API-specific
 (transposes, key slicing, mask-to-bias conversion) happens outside, in ordinary
 differentiable torch ops, so autograd handles it.
+
+Two implementations of the same op:
+- torch >= 2.4: ``torch.library.custom_op`` ops ``attend::attention_forward`` /
+  ``attend::attention_backward`` with fake (meta) kernels and registered
+  autograd, so torch.compile traces through without graph breaks. The spec
+  travels as a string (``key=value;...``) the native field table parses.
+  Backward is the context-free one (from out and LSE); it selects for the same
+  spec under the same policy, hence the same backend (selections are cached).
+- older torch (1.13 ...): a ``torch.autograd.Function`` that keeps forward's
+  native context, so backward runs on the plan forward chose.
 """
 
 import torch
 
-from . import _C
+from . import _C, _arrays
+from .errors import UnsupportedError, _raise
+
+_TORCH_DTYPE = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16,
+                "i32": torch.int32}
+_NAMES = ("q", "k", "v", "bias", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv")
+
+_last = []  # the native Selection of the most recent forward in this process
 
 
 def draw_dropout_seed():
@@ -25,42 +42,189 @@ def mode_for(tensors, training=None):
     return "training" if (needs_grad or (training and torch.is_grad_enabled())) else "inference"
 
 
+def _expected(spec, role):
+    shape, dtype = _C.expected(spec, role)
+    return tuple(shape), _TORCH_DTYPE[dtype]
+
+
+def _native_forward(spec, mode, tensors):
+    """(out, lse, call, keep): runs the native forward into fresh torch tensors."""
+    descs, keep = _arrays.describe_all(tensors)
+    out_shape, out_dtype = _expected(spec, "out")
+    lse_shape, lse_dtype = _expected(spec, "lse")
+    out, lse = torch.empty(out_shape, dtype=out_dtype), torch.empty(lse_shape, dtype=lse_dtype)
+    call = _C.forward(spec, mode, descs, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0])
+    _last[:] = [call.selection]
+    return out, lse, call, keep
+
+
+def _grad_buffers(spec, bias):
+    zeros = bool(spec.get("accumulate_grads")) and str(spec.get("accumulate_grads")).lower() != "false"
+    make = torch.zeros if zeros else torch.empty
+    grads = {}
+    for r in ("dq", "dk", "dv"):
+        shape, dtype = _expected(spec, r)
+        grads[r] = make(shape, dtype=dtype)
+    if bias is not None and str(spec.get("bias_requires_grad")).lower() == "true":
+        grads["dbias"] = make(tuple(bias.shape), dtype=bias.dtype)
+    return grads
+
+
+def _no_double_backward():
+    _raise(UnsupportedError, "create_graph", True,
+           "attend's backward is not differentiable: double backward (create_graph=True through attend "
+           "attention) is not supported")
+
+
 class _Attend(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, spec, mode, record, q, k, v, bias, slopes, cu_q, cu_kv):
-        out, lse, call = _C.forward(spec, mode, q, k, v, bias, slopes, cu_q, cu_kv)
-        # Holds the attend::Context (selection, spec with the dropout seed, out and
-        # LSE) and the input views it reads: backward runs on the same backend.
-        ctx.call = call
+    def forward(ctx, spec, mode, q, k, v, bias, slopes, cu_q, cu_kv):
+        out, lse, call, keep = _native_forward(spec, mode, dict(zip(_NAMES, (q, k, v, bias, slopes, cu_q, cu_kv))))
+        # The context (plan, spec with the dropout seed, out and LSE) and the
+        # memory it views: backward runs on the same backend.
+        ctx.call, ctx.keep, ctx.spec, ctx.bias = call, keep, spec, bias
         # Saved only so that autograd's version counters catch in-place edits of
         # the inputs or the output between forward and backward.
-        ctx.save_for_backward(q, k, v, out)
+        # LSE too: the native context reads it in backward.
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.mark_non_differentiable(lse)
-        record.append(call.selection)
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, _dlse):
+        if torch.is_grad_enabled():
+            _no_double_backward()
         ctx.saved_tensors  # noqa: B018  (raises if an input was modified in place)
-        dq, dk, dv, dbias = ctx.call.backward(dout)
-        return None, None, None, dq, dk, dv, dbias, None, None, None
+        grads = _grad_buffers(ctx.spec, ctx.bias)
+        gd, gkeep = _arrays.describe_all(grads)
+        d, dkeep = _arrays.describe(dout, "dout")
+        ctx.call.backward(d, gd)
+        return None, None, grads["dq"], grads["dk"], grads["dv"], grads.get("dbias"), None, None, None
 
 
-def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=None, record=None):
-    """Runs attention; returns (out, lse). `record`, a list, receives the call's
-    native Selection (.backend, .mode, .explain(), .to_json())."""
-    record = [] if record is None else record
+# --- torch.library ops (torch >= 2.4) ----------------------------------------------------
+
+def spec_text(spec):
+    """A spec dict as the string the ops carry: 'name=value;...' in the native
+    field table's text form (bool true/false, None empty)."""
+    parts = []
+    for name, value in spec.items():
+        if value is None:
+            text = ""
+        elif value is True or value is False:
+            text = "true" if value else "false"
+        else:
+            text = f"{value}"  # (str() of a float cannot be traced by dynamo; f-strings can)
+        parts.append(name + "=" + text)
+    return ";".join(parts)
+
+
+def spec_from_text(text):
+    return dict(p.split("=", 1) for p in text.split(";") if p)
+
+
+# The size fields: the ops take them from the tensors (and cu_seqlens), not
+# from the spec string, so that compiled graphs with dynamic shapes work.
+_SIZE_FIELDS = ("batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "total_q",
+                "total_kv")
+# Where batch, sequence and heads sit in q for a dense layout.
+_DENSE_DIMS = {"bshd": (0, 1, 2), "bhsd": (0, 2, 1), "sbhd": (1, 0, 2)}
+
+
+def _op_spec(text, q, k, v, cu_q, cu_kv):
+    """The full spec of an op call: its string plus the sizes its tensors show."""
+    from ._core import infer_spec
+    s = spec_from_text(text)
+    sizes = infer_spec(q, k, v, {"layout": s.get("layout", "bshd")}, {"cu_seqlens_q": cu_q, "cu_seqlens_kv": cu_kv})
+    s.update({f: sizes[f] for f in _SIZE_FIELDS if f in sizes})
+    return s
+
+
+def _has_custom_op():
+    try:
+        major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 4) and hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+
+
+HAS_OPS = _has_custom_op()
+
+if HAS_OPS:
+    from typing import List, Optional
+
+    @torch.library.custom_op("attend::attention_forward", mutates_args=())
+    def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
+                          alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
+                          cu_seqlens_kv: Optional[torch.Tensor], spec: str, mode: str) -> List[torch.Tensor]:
+        tensors = dict(zip(_NAMES, (q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv)))
+        out, lse, _, _ = _native_forward(_op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv), mode, tensors)
+        return [out, lse]
+
+    @attention_forward.register_fake
+    def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, spec, mode):
+        s = spec_from_text(spec)
+        out_dtype = _TORCH_DTYPE[s["out_dtype"]] if s.get("out_dtype") else q.dtype
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        layout = s.get("layout", "bshd")
+        if layout == "thd":
+            lse_shape = (q.shape[1], q.shape[0])
+        else:
+            b, sq, h = _DENSE_DIMS[layout]
+            lse_shape = (q.shape[b], q.shape[h], q.shape[sq])
+        return [q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype), q.new_empty(lse_shape, dtype=lse_dtype)]
+
+    @torch.library.custom_op("attend::attention_backward", mutates_args=())
+    def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
+                           cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_kv: Optional[torch.Tensor],
+                           out: torch.Tensor, lse: torch.Tensor, spec: str) -> List[torch.Tensor]:
+        s = _op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv)
+        grads = _grad_buffers(s, bias)
+        descs, keep = _arrays.describe_all(dict(zip(_NAMES, (q, k, v, bias, alibi_slopes, cu_seqlens_q,
+                                                                 cu_seqlens_kv))))
+        gd, gkeep = _arrays.describe_all(grads)
+        _C.backward(s, descs, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0],
+                    _arrays.describe(dout, "dout")[0], gd)
+        return [grads["dq"], grads["dk"], grads["dv"], grads.get("dbias", q.new_empty(0))]
+
+    @attention_backward.register_fake
+    def _(dout, q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, out, lse, spec):
+        s = spec_from_text(spec)
+        dq_dtype = _TORCH_DTYPE[s["dq_dtype"]] if s.get("dq_dtype") else q.dtype
+        has_dbias = bias is not None and s.get("bias_requires_grad") == "true"
+        return [q.new_empty(q.shape, dtype=dq_dtype), k.new_empty(k.shape), v.new_empty(v.shape),
+                bias.new_empty(bias.shape) if has_dbias else q.new_empty(0)]
+
+    def _setup(ctx, inputs, output):
+        q, k, v, bias, slopes, cu_q, cu_kv, spec, _mode = inputs
+        ctx.spec = spec
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(q, k, v, bias, slopes, cu_q, cu_kv, output[0], output[1])
+
+    def _backward(ctx, grads):
+        if torch.is_grad_enabled():
+            _no_double_backward()
+        q, k, v, bias, slopes, cu_q, cu_kv, out, lse = ctx.saved_tensors
+        dq, dk, dv, dbias = attention_backward(grads[0].contiguous(), q, k, v, bias, slopes, cu_q, cu_kv, out,
+                                               lse, ctx.spec)
+        return dq, dk, dv, (dbias if ctx.has_bias and dbias.numel() else None), None, None, None, None, None
+
+    attention_forward.register_autograd(_backward, setup_context=_setup)
+
+
+def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=None):
+    """Runs attention; returns (out, lse)."""
     mode = mode_for((q, k, v, bias), training)
+    if HAS_OPS:
+        text = spec_text({f: x for f, x in spec.items() if f not in _SIZE_FIELDS})
+        out, lse = attention_forward(q, k, v, bias, slopes, cu_q, cu_kv, text, mode)
+        return out, lse
     needs_graph = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
     if not needs_graph:
-        out, lse, call = _C.forward(spec, mode, q, k, v, bias, slopes, cu_q, cu_kv)
-        record.append(call.selection)
+        out, lse, _, _ = _native_forward(spec, mode, dict(zip(_NAMES, (q, k, v, bias, slopes, cu_q, cu_kv))))
         return out, lse
-    return _Attend.apply(spec, mode, record, q, k, v, bias, slopes, cu_q, cu_kv)
-
-
-_last = []  # the native Selection of the most recent forward in this process
+    return _Attend.apply(spec, mode, q, k, v, bias, slopes, cu_q, cu_kv)
 
 
 def last_explanation():
@@ -84,10 +248,8 @@ class Problem:
 
     def run(self, training=None):
         """(output in the caller's convention, LSE)."""
-        record = []
         out, lse = run(self.spec, self.q, self.k, self.v, self.bias, self.slopes, self.cu_q, self.cu_kv,
-                       training=training, record=record)
-        _last[:] = record
+                       training=training)
         return self.restore(out), lse
 
     def explain(self, mode=None, training=None):

@@ -68,12 +68,20 @@ def bias_from_keep(keep, dtype):
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, float("-inf"))
 
 
+def _keep(seed, dropout_p, b, heads, sq, sk):
+    """Sequence b's keep mask, bool (heads, sq, sk), from the native bytes."""
+    raw = _C.dropout_keep(seed, dropout_p, b, heads, sq, sk)
+    if not raw:
+        return torch.zeros(heads, sq, sk, dtype=torch.bool)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(heads, sq, sk).bool()
+
+
 def dropout_mask(seed, dropout_p, batch, heads, seqlen_q, seqlen_kv):
     """attend's dropout keep mask for a dense problem: bool (batch, heads, seqlen_q,
     seqlen_kv), True where the element is kept (and scaled by 1/(1-p)). The same
     Philox4x32-10 function every backend uses, so it reproduces any call's mask
     from its seed (see attend.torch.draw_dropout_seed)."""
-    return torch.stack([_C.dropout_keep(seed, dropout_p, b, heads, seqlen_q, seqlen_kv) for b in range(batch)])
+    return torch.stack([_keep(seed, dropout_p, b, heads, seqlen_q, seqlen_kv) for b in range(batch)])
 
 
 def dropout_mask_varlen(seed, dropout_p, heads, cu_seqlens_q, cu_seqlens_kv):
@@ -81,5 +89,5 @@ def dropout_mask_varlen(seed, dropout_p, heads, cu_seqlens_q, cu_seqlens_kv):
     len_kv_b) tensors (rows and columns are local to each sequence)."""
     cq = [int(x) for x in cu_seqlens_q]
     ck = [int(x) for x in cu_seqlens_kv]
-    return [_C.dropout_keep(seed, dropout_p, b, heads, cq[b + 1] - cq[b], ck[b + 1] - ck[b])
+    return [_keep(seed, dropout_p, b, heads, cq[b + 1] - cq[b], ck[b + 1] - ck[b])
             for b in range(len(cq) - 1)]

@@ -55,6 +55,9 @@ class DotProductAttention(torch.nn.Module):
             _raise(InvalidArgumentError, "num_gqa_groups", self.num_gqa_groups,
                    f"must divide num_attention_heads={self.num_attention_heads}")
         self.attention_dropout = float(attention_dropout)
+        if not 0.0 <= self.attention_dropout <= 1.0:
+            _raise(InvalidArgumentError, "attention_dropout", attention_dropout,
+                   "a dropout probability must lie in [0, 1]")
         self.qkv_format = qkv_format
         self.attn_mask_type = attn_mask_type
         self.window_size = window_size
@@ -85,6 +88,10 @@ class DotProductAttention(torch.nn.Module):
     def _problem(self, q, k, v, attention_mask=None, qkv_format=None, cu_seqlens_q=None, cu_seqlens_kv=None,
                  max_seqlen_q=None, max_seqlen_kv=None, attn_mask_type=None, window_size=None,
                  core_attention_bias_type="no_bias", core_attention_bias=None, alibi_slopes=None):
+        from .torch import _autocast
+        q, k, v = _autocast(q, k, v)
+        if core_attention_bias is not None:
+            (core_attention_bias,) = _autocast(core_attention_bias)
         fmt = qkv_format or self.qkv_format
         mask_type = attn_mask_type or self.attn_mask_type
         if fmt not in ("sbhd", "bshd", "thd"):

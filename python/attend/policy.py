@@ -10,30 +10,32 @@ The process starts from the environment; set_policy replaces the whole policy
 
 import contextlib
 import json
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _C
 
 
-def set_policy(force=None, disable=(), log="off"):
+def set_policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] = (), log: str = "off") -> None:
     """Replaces the process-wide policy. Unknown backend names raise InvalidArgumentError."""
     if isinstance(disable, str):
         disable = [d.strip() for d in disable.split(",") if d.strip()]
     _C.set_policy(force, list(disable), log)
 
 
-def get_policy():
+def get_policy() -> Dict[str, Any]:
     """The policy in force: {'force': str|None, 'disable': [str], 'log': 'off'|'info'|'debug'}."""
     return _C.get_policy()
 
 
-def reset_policy():
+def reset_policy() -> None:
     """Back to the policy the environment describes."""
     p = _C.policy_from_env()
     _C.set_policy(p["force"], p["disable"], p["log"])
 
 
 @contextlib.contextmanager
-def policy(force=None, disable=(), log="off"):
+def policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] = (),
+           log: str = "off") -> Iterator[None]:
     """Temporarily sets the policy: ``with attend.policy(force="reference"): ...``."""
     saved = get_policy()
     set_policy(force, disable, log)
@@ -43,7 +45,7 @@ def policy(force=None, disable=(), log="off"):
         _C.set_policy(saved["force"], saved["disable"], saved["log"])
 
 
-def backends():
+def backends() -> List[str]:
     """Registered backend names, in priority order."""
     return _C.backends()
 
@@ -107,7 +109,7 @@ class Explanation:
         return f"<attend.Explanation selected={self.selected!r} mode={self.mode!r}>"
 
 
-def explain(mode="training", **spec):
+def explain(mode: str = "training", **spec: Any) -> "Explanation":
     """Verdict table for a problem described by attend::AttentionSpec fields, e.g.
     ``attend.explain(batch=2, seqlen_q=1024, seqlen_kv=1024, heads_q=16, heads_kv=16,
     head_dim_qk=192, head_dim_v=128, causal=True, mode="training")``.

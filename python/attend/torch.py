@@ -14,6 +14,8 @@ results and gradients in their own dtype, LSE in float32) and float64
 upcasting. Errors are attend.errors classes.
 """
 
+from typing import Any, Optional, Tuple, Union
+
 import torch
 
 from . import _autograd, _masks
@@ -28,10 +30,17 @@ __all__ = [
     "scaled_dot_product_attention", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
     "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
     "DotProductAttention", "explain", "last_selection", "draw_dropout_seed", "dropout_mask",
-    "dropout_mask_varlen", "Explanation",
+    "dropout_mask_varlen", "Explanation", "flash_attn_with_kvcache", "HAS_TORCH_LIBRARY_OPS",
 ]
 
-def last_selection():
+# True when the ops are torch.library custom ops (torch >= 2.4; torch.compile
+# traces through them), False for the autograd.Function of older torch.
+HAS_TORCH_LIBRARY_OPS: bool = _autograd.HAS_OPS
+
+# out, or (out, softmax_lse, S) with return_attn_probs=True.
+FlashResult = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+def last_selection() -> Optional[Explanation]:
     """Explanation of the most recent attend.torch forward in this process (its
     backend and mode), or None before the first call."""
     return _autograd.last_explanation()
@@ -44,6 +53,37 @@ def _check_tensor(t, name, dims):
         _raise(ShapeMismatchError, f"{name}.dim", t.dim(), f"expected {' or '.join(map(str, dims))} dimensions")
 
 
+def _check_dropout(dropout_p, name="dropout_p"):
+    p = float(dropout_p)
+    if not 0.0 <= p <= 1.0:
+        _raise(InvalidArgumentError, name, dropout_p, "a dropout probability must lie in [0, 1]")
+    return p
+
+
+_NEW_AUTOCAST = hasattr(torch, "get_autocast_dtype")
+
+
+def _compiling():
+    """True inside a torch.compile trace (it cannot call into the extension)."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
+def _autocast(*tensors):
+    """Under torch.autocast on the CPU, floating inputs in the autocast dtype
+    (attention is a lower-precision op there, as torch's own SDPA is)."""
+    if _NEW_AUTOCAST:
+        if not torch.is_autocast_enabled("cpu"):
+            return tensors
+        dt = torch.get_autocast_dtype("cpu")
+    else:
+        if not torch.is_autocast_cpu_enabled():
+            return tensors
+        dt = torch.get_autocast_cpu_dtype()
+    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dt else t
+                 for t in tensors)
+
+
 def _bias_requires_grad(bias):
     return bias is not None and bias.requires_grad and torch.is_grad_enabled()
 
@@ -54,6 +94,10 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                   enable_gqa=False, **spec_fields):
     for t, n in ((query, "query"), (key, "key"), (value, "value")):
         _check_tensor(t, n, range(3, 9))
+    dropout_p = _check_dropout(dropout_p)
+    query, key, value = _autocast(query, key, value)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        (attn_mask,) = _autocast(attn_mask)
     if not (query.dim() == key.dim() == value.dim()):
         _raise(ShapeMismatchError, "key.dim", key.dim(), "query, key and value must have the same number of dims")
     lead = query.shape[:-2]
@@ -82,7 +126,7 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                f"{Hq} % {Hk} == 0 (or use 1 key/value head)")
     out_shape = tuple(query.shape[:-1]) + (Ev,)
     if B == 0:
-        with_fields({}, spec_fields, "scaled_dot_product_attention")  # still reject unknown fields
+        with_fields({}, spec_fields, "scaled_dot_product_attention", not _compiling())  # still reject unknown fields
         return None, out_shape
     if is_causal and L != S and (spec_fields.get("q_offset") or spec_fields.get("kv_offset")):
         # The top-left rewrite below slices keys by local positions, which offsets move.
@@ -116,12 +160,14 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                 window_right=right, has_bias=bias is not None, bias_requires_grad=_bias_requires_grad(bias))
     if dropout_p > 0.0:
         spec.update(dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed())
-    spec = with_fields(spec, spec_fields, "scaled_dot_product_attention")
+    spec = with_fields(spec, spec_fields, "scaled_dot_product_attention", not _compiling())
     return Problem(spec, q, k, v, bias, restore=lambda o: o.reshape(out_shape)), out_shape
 
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, **spec_fields):
+def scaled_dot_product_attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+        dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False,
+        **spec_fields: Any) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x semantics):
     query (N..., L, E), key (N..., S, E), value (N..., S, Ev) -> (N..., L, Ev).
 
@@ -149,6 +195,7 @@ def _window(causal, window_size):
 
 
 def _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic):
+    dropout_p = _check_dropout(dropout_p)
     left, right = _window(causal, window_size)
     spec = dict(heads_q=q.shape[-2], heads_kv=k.shape[-2], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
                 dtype=_masks.dtype_name(q, "q"), scale=softmax_scale, causal=bool(causal), window_left=left,
@@ -163,13 +210,17 @@ def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, win
                    alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(t, n, (4,))
+    q, k, v = _autocast(q, k, v)
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_kv=k.shape[1], layout="bshd")
-    return Problem(with_fields(spec, spec_fields, "flash_attn_func"), q, k, v, slopes=alibi_slopes)
+    spec = with_fields(spec, spec_fields, "flash_attn_func", not _compiling())
+    return Problem(spec, q, k, v, slopes=alibi_slopes)
 
 
-def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
+def flash_attn_func(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_func: q (B, Sq, H, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv)
     -> out (B, Sq, H, Dv). Causal and windows are bottom-right aligned; softcap,
     ALiBi (f32 slopes (H) or (B, H)), GQA/MQA (H % Hk == 0), dropout as in FA2.
@@ -190,18 +241,20 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     return out, lse, probs
 
 
-def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                              **spec_fields):
+def flash_attn_qkvpacked_func(
+        qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_qkvpacked_func: qkv (B, S, 3, H, D); read in place (strided)."""
     _check_tensor(qkv, "qkv", (5,))
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
                            softcap, alibi_slopes, deterministic, return_attn_probs, **spec_fields)
 
 
-def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False,
-                             **spec_fields):
+def flash_attn_kvpacked_func(
+        q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_kvpacked_func: q (B, Sq, H, D), kv (B, Sk, 2, Hk, D)."""
     _check_tensor(kv, "kv", (5,))
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
@@ -225,6 +278,7 @@ def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         _raise(UnsupportedError, "block_table", "set", "paged K/V is not supported by attend.torch yet")
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(t, n, (3,))
+    q, k, v = _autocast(q, k, v)
     cu_q, cu_k = _cu(cu_seqlens_q, "cu_seqlens_q"), _cu(cu_seqlens_k, "cu_seqlens_k")
     if cu_q.numel() != cu_k.numel() or cu_q.numel() < 2:
         _raise(ShapeMismatchError, "cu_seqlens_k.numel", cu_k.numel(),
@@ -232,13 +286,17 @@ def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=cu_q.numel() - 1, seqlen_q=int(max_seqlen_q), seqlen_kv=int(max_seqlen_k), layout="thd",
                 total_q=q.shape[0], total_kv=k.shape[0])
-    return Problem(with_fields(spec, spec_fields, "flash_attn_varlen_func"), q, k, v, slopes=alibi_slopes, cu_q=cu_q,
+    spec = with_fields(spec, spec_fields, "flash_attn_varlen_func", not _compiling())
+    return Problem(spec, q, k, v, slopes=alibi_slopes, cu_q=cu_q,
                    cu_kv=cu_k)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, **spec_fields):
+def flash_attn_varlen_func(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, block_table: Optional[torch.Tensor] = None,
+        **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_func: q (total_q, H, D), k (total_k, Hk, D),
     v (total_k, Hk, Dv), cu_seqlens int32 (B+1,); masks per sequence, bottom-right
     aligned; empty sequences allowed (their rows are 0, LSE -inf).
@@ -252,9 +310,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse, q.new_empty(0)) if return_attn_probs else out
 
 
-def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
-                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, **spec_fields):
+def flash_attn_varlen_qkvpacked_func(
+        qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_qkvpacked_func: qkv (total, 3, H, D)."""
     _check_tensor(qkv, "qkv", (4,))
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
@@ -262,9 +321,11 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                   deterministic, return_attn_probs, **spec_fields)
 
 
-def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
+def flash_attn_varlen_kvpacked_func(
+        q: torch.Tensor, kv: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+        max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
+        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_kvpacked_func: q (total_q, H, D), kv (total_k, 2, Hk, D)."""
     _check_tensor(kv, "kv", (4,))
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -278,7 +339,8 @@ _PROBLEMS = {"sdpa": lambda *a, **kw: _sdpa_problem(*a, **kw)[0], "flash_attn": 
              "flash_attn_varlen": _varlen_problem}
 
 
-def explain(q, k, v, *args, api="sdpa", mode=None, **kwargs):
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, api: str = "sdpa",
+            mode: Optional[str] = None, **kwargs: Any) -> Explanation:
     """The verdict table a call would get, without running it.
 
     ``api`` names whose arguments follow q, k, v: "sdpa" (scaled_dot_product_attention,
@@ -292,3 +354,88 @@ def explain(q, k, v, *args, api="sdpa", mode=None, **kwargs):
     if problem is None:
         _raise(InvalidArgumentError, "query.shape[0]", 0, "an empty batch has no problem to explain")
     return problem.explain(mode)
+
+
+# --- flash_attn_with_kvcache ---------------------------------------------------------------
+
+def _append_to_cache(k_cache, v_cache, k, v, block_table, seqlens):
+    """Writes k, v (B, S_new, Hk, D) into the paged caches at each sequence's
+    end, in place (as FlashAttention does); returns the new lengths."""
+    ps, pages = k_cache.shape[1], block_table.shape[1]
+    pos = seqlens.long().unsqueeze(1) + torch.arange(k.shape[1]).unsqueeze(0)  # (B, S_new)
+    if pos.numel() and int(pos.max()) >= pages * ps:
+        _raise(InvalidArgumentError, "cache_seqlens", seqlens.tolist(),
+               f"appending {k.shape[1]} tokens passes the cache capacity of {pages * ps} tokens per sequence")
+    page = block_table.long().gather(1, pos // ps)
+    if pos.numel() and (int(page.min()) < 0 or int(page.max()) >= k_cache.shape[0]):
+        _raise(InvalidArgumentError, "block_table", "entry", f"page ids must lie in [0, {k_cache.shape[0]})")
+    with torch.no_grad():
+        k_cache[page, pos % ps] = k.to(k_cache.dtype)
+        v_cache[page, pos % ps] = v.to(v_cache.dtype)
+    return seqlens + k.shape[1]
+
+
+def flash_attn_with_kvcache(
+        q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: Optional[torch.Tensor] = None,
+        v: Optional[torch.Tensor] = None, rotary_cos: Optional[torch.Tensor] = None,
+        rotary_sin: Optional[torch.Tensor] = None, cache_seqlens: Union[int, torch.Tensor, None] = None,
+        cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
+        block_table: Optional[torch.Tensor] = None, softmax_scale: Optional[float] = None, causal: bool = False,
+        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
+        alibi_slopes: Optional[torch.Tensor] = None, num_splits: int = 0, return_softmax_lse: bool = False,
+        **spec_fields: Any) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """flash_attn.flash_attn_with_kvcache (inference): q (B, Sq, H, D); k_cache,
+    v_cache (B_cache, S_cache, Hk, D) or, with block_table (B, max_pages) int32,
+    page pools (num_blocks, page_block_size, Hk, D). k, v (B, S_new, Hk, D), when
+    given, are written into the cache in place at cache_seqlens (int or (B,)
+    int32, not updated: the caller advances it) and attended to. cache_leftpad
+    (B,): each sequence's first valid token. cache_batch_idx (B,): the cache rows
+    of a non-paged cache. Masks are bottom-right aligned to each sequence's keys.
+    Returns out (B, Sq, H, Dv), and the LSE (B, H, Sq) with return_softmax_lse.
+    Rotary embedding is not supported (apply it to q/k before the call)."""
+    if rotary_cos is not None or rotary_sin is not None:
+        _raise(UnsupportedError, "rotary_cos", "set", "attend applies no rotary embedding: rotate q and k first")
+    _check_tensor(q, "q", (4,))
+    _check_tensor(k_cache, "k_cache", (4,))
+    _check_tensor(v_cache, "v_cache", (4,))
+    if (k is None) != (v is None):
+        _raise(InvalidArgumentError, "k" if k is None else "v", None, "k and v are appended together")
+    B = q.shape[0]
+    if block_table is None:
+        rows = cache_batch_idx if cache_batch_idx is not None else torch.arange(B)
+        block_table = rows.to(torch.int32).reshape(B, 1)  # a dense cache: one page per sequence
+    elif cache_batch_idx is not None:
+        _raise(UnsupportedError, "cache_batch_idx", "set", "cache_batch_idx needs a non-paged cache (as in FA2)")
+    else:
+        block_table = _cu_like(block_table, "block_table", 2)
+    if cache_seqlens is None:
+        seqlens = torch.full((B,), k_cache.shape[1] * block_table.shape[1], dtype=torch.int32)
+    elif isinstance(cache_seqlens, int):
+        seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32)
+    else:
+        seqlens = _cu_like(cache_seqlens, "cache_seqlens", 1)
+    if k is not None:
+        seqlens = _append_to_cache(k_cache, v_cache, k, v, block_table, seqlens)
+    left, right = _window(causal, window_size)
+    pad = _cu_like(cache_leftpad, "cache_leftpad", 1) if cache_leftpad is not None else None
+    keys = seqlens - pad if pad is not None else seqlens
+    spec = dict(batch=B, seqlen_q=q.shape[1], seqlen_kv=max(int(keys.max()), 1) if B else 1, heads_q=q.shape[2],
+                heads_kv=k_cache.shape[2], head_dim_qk=q.shape[3], head_dim_v=v_cache.shape[3],
+                dtype=_masks.dtype_name(q, "q"), layout="bshd", scale=softmax_scale, causal=bool(causal),
+                window_left=left, window_right=right, softcap=float(softcap), alibi=alibi_slopes is not None,
+                kv_page_size=k_cache.shape[1], kv_leftpad=pad is not None)
+    spec = with_fields(spec, spec_fields, "flash_attn_with_kvcache", not _compiling())
+    tensors = dict(q=q.detach(), k=k_cache.detach(), v=v_cache.detach(), alibi_slopes=alibi_slopes,
+                   block_table=block_table, cache_seqlens=seqlens, cache_leftpad=pad)
+    out, lse, _, _ = _autograd._native_forward(spec, "inference", tensors)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _cu_like(t, name, dims):
+    if not isinstance(t, torch.Tensor) or t.dim() != dims:
+        _raise(InvalidArgumentError, name, getattr(t, "shape", t), f"expected a {dims}-D int32 tensor")
+    if t.dtype != torch.int32:
+        if t.dtype not in (torch.int64, torch.int16, torch.uint8):
+            _raise(InvalidArgumentError, f"{name}.dtype", t.dtype, "expected int32")
+        t = t.to(torch.int32)
+    return t

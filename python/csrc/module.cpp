@@ -1,113 +1,30 @@
 // attend._C — the native half of the Python package.
 //
-// Deliberately thin: the Python side maps PyTorch / FlashAttention /
-// TransformerEngine conventions onto an AttentionSpec (a dict of its fields) and
-// owns autograd; this file turns tensors into views, calls attend::forward /
-// attend::backward with the GIL released, keeps the Context (and the tensors it
-// views) alive between the two passes, and turns attend::Error into the Python
-// exception classes of attend.errors.
-#include <torch/extension.h>
+// Deliberately thin and free of any array library: tensors arrive as
+// descriptors (views.h) that Python builds from torch tensors, numpy arrays or
+// DLPack exporters, and outputs are written into arrays Python allocated (so
+// they belong to the caller's library). The Python side maps PyTorch /
+// FlashAttention / TransformerEngine conventions onto an AttentionSpec (a dict
+// of its fields, spec_dict.h) and owns autograd. Calls release the GIL;
+// attend::Error becomes the matching attend.errors class.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <memory>
 #include <optional>
 #include <string>
-#include <type_traits>
-#include <variant>
 #include <vector>
 
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
 #include "kernel/philox.h"
-#include "torch_views.h"
+#include "spec_dict.h"
+#include "views.h"
 
 namespace py = pybind11;
 
 namespace attend::python {
 namespace {
-
-[[noreturn]] void bad_field(const std::string& key, const std::string& value, const std::string& why) {
-  throw Error(ErrorCode::invalid_argument, key, value, why);
-}
-
-// A Python value as the text set_field parses, chosen by the field's kind, so
-// that parsing (and its errors, which name the field) is the C++ one. Text is
-// passed through: set_field then says what it expected.
-std::string field_text(const SpecField& f, const py::handle& val) {
-  const std::string key(f.name);
-  if (val.is_none()) {
-    if (field_optional(f)) return "";
-    bad_field(key, "None", "cannot be unset (only optional fields, e.g. scale, out_dtype, take None)");
-  }
-  if (py::isinstance<py::str>(val)) return val.cast<std::string>();
-  try {
-    switch (field_kind(f)) {
-      case FieldKind::boolean: return val.cast<bool>() ? "true" : "false";
-      case FieldKind::integer: return std::to_string(val.cast<std::int64_t>());
-      case FieldKind::unsigned_integer: return std::to_string(val.cast<std::uint64_t>());
-      case FieldKind::real: return py::repr(py::float_(py::reinterpret_borrow<py::object>(val))).cast<std::string>();
-      case FieldKind::dtype:
-      case FieldKind::layout:
-      case FieldKind::softmax_type: break;  // names only: a str, handled above
-    }
-  } catch (const py::error_already_set&) {
-  } catch (const py::cast_error&) {
-  }
-  bad_field(key, std::string(py::str(val)),
-            "has the wrong type (" + std::string(py::str(py::type::of(val))) + "; expected " +
-                std::string(to_string(field_kind(f))) + ")");
-}
-
-// Every AttentionSpec field by its table name; an unknown key is an error (a
-// typo would otherwise silently describe a different problem).
-AttentionSpec spec_from_dict(const py::dict& d) {
-  AttentionSpec s;
-  for (const auto& item : d) {
-    const std::string key = py::str(item.first);
-    const SpecField* f = find_spec_field(key);
-    if (f == nullptr) bad_field(key, "", "not a field of attend::AttentionSpec (attend.spec_fields() lists them)");
-    set_field(s, *f, field_text(*f, item.second));
-  }
-  return s;
-}
-
-// A field's value as the Python object spec_from_dict accepts back.
-py::object field_value(const AttentionSpec& s, const SpecField& f) {
-  return std::visit(
-      [&](auto member) -> py::object {
-        const auto& v = s.*member;
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout> || std::is_same_v<T, SoftmaxType>)
-          return py::str(std::string(to_string(v)));
-        else if constexpr (std::is_same_v<T, std::optional<DType>>) {
-          return v ? py::object(py::str(std::string(to_string(*v)))) : py::none();
-        } else if constexpr (std::is_same_v<T, std::optional<double>>) {
-          return v ? py::object(py::float_(*v)) : py::none();
-        } else {
-          return py::cast(v);
-        }
-      },
-      f.member);
-}
-
-py::dict spec_dict(const AttentionSpec& s) {
-  py::dict d;
-  for (const SpecField& f : spec_fields()) d[py::str(std::string(f.name))] = field_value(s, f);
-  return d;
-}
-
-py::list spec_field_table() {
-  const AttentionSpec defaults;
-  py::list out;
-  for (const SpecField& f : spec_fields()) {
-    py::dict row;
-    row["name"] = std::string(f.name);
-    row["kind"] = std::string(to_string(field_kind(f)));
-    row["optional"] = field_optional(f);
-    row["help"] = std::string(f.help);
-    row["default"] = field_value(defaults, f);
-    out.append(row);
-  }
-  return out;
-}
 
 Mode mode_from(const std::string& mode) {
   if (mode == "training") return Mode::training;
@@ -115,99 +32,128 @@ Mode mode_from(const std::string& mode) {
   throw Error(ErrorCode::invalid_argument, "mode", mode, "expected 'training' or 'inference'");
 }
 
-// One forward call: the context backward needs plus every tensor it views.
+Role role_from(const std::string& role) {
+  for (Role r : {Role::q, Role::k, Role::v, Role::out, Role::lse, Role::dout, Role::dq, Role::dk, Role::dv, Role::bias,
+                 Role::cu_seqlens_q, Role::cu_seqlens_kv}) {
+    if (to_string(r) == role) return r;
+  }
+  throw Error(ErrorCode::invalid_argument, "role", role, "expected q, k, v, out, lse, dout, dq, dk, dv or bias");
+}
+
+// (shape, dtype name) a tensor of `role` must have: what Python allocates
+// outputs and gradients from, and what torch's fake (meta) kernels report.
+py::tuple expected(const py::dict& fields, const std::string& role) {
+  const AttentionSpec spec = spec_from_dict(fields);
+  const Role r = role_from(role);
+  const Shape s = expected_shape(spec, r);
+  py::tuple shape(static_cast<std::size_t>(s.ndim));
+  for (int d = 0; d < s.ndim; ++d) shape[static_cast<std::size_t>(d)] = s.dims[d];
+  return py::make_tuple(shape, std::string(to_string(expected_dtype(spec, r))));
+}
+
+GradViews grads_of(const py::dict& grads) {
+  GradViews g;
+  for (const auto& item : grads) {
+    const std::string key = py::str(item.first);
+    if (key == "dq")
+      g.dq = view_of(item.second, key);
+    else if (key == "dk")
+      g.dk = view_of(item.second, key);
+    else if (key == "dv")
+      g.dv = view_of(item.second, key);
+    else if (key == "dbias")
+      g.dbias = view_of(item.second, key);
+    else
+      throw Error(ErrorCode::invalid_argument, key, "", "not a gradient (expected dq, dk, dv, dbias)");
+  }
+  return g;
+}
+
+// One forward call: the context its backward runs from (same plan, same
+// backend). The arrays it views are kept alive by the Python caller.
 struct Call {
   Context ctx;
-  std::vector<at::Tensor> keep_alive;
-  // A copy of the verdicts (a few strings) that outlives the call without
-  // keeping its tensors alive: what last_selection() reports.
+  // The verdicts, shared without the call's views: what last_selection() reports.
   std::shared_ptr<const Selection> selection;
 };
 
-std::optional<at::Tensor> opt_prepare(const std::optional<at::Tensor>& t, const char* name,
-                                      std::vector<at::Tensor>& keep, TensorView& view) {
-  if (!t || !t->defined()) return std::nullopt;
-  at::Tensor p = prepare(*t, name);
-  view = view_of(p, name);
-  keep.push_back(p);
-  return p;
-}
-
-py::tuple forward(const py::dict& spec_fields, const std::string& mode, const at::Tensor& q, const at::Tensor& k,
-                  const at::Tensor& v, const std::optional<at::Tensor>& bias,
-                  const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& cu_seqlens_q,
-                  const std::optional<at::Tensor>& cu_seqlens_kv) {
-  const AttentionSpec spec = spec_from_dict(spec_fields);
-  auto call = std::make_shared<Call>();
-  Inputs in;
-  const std::optional<at::Tensor> tq(q), tk(k), tv(v);
-  opt_prepare(tq, "q", call->keep_alive, in.q);
-  opt_prepare(tk, "k", call->keep_alive, in.k);
-  opt_prepare(tv, "v", call->keep_alive, in.v);
-  opt_prepare(bias, "bias", call->keep_alive, in.bias);
-  opt_prepare(alibi_slopes, "alibi_slopes", call->keep_alive, in.alibi_slopes);
-  opt_prepare(cu_seqlens_q, "cu_seqlens_q", call->keep_alive, in.cu_seqlens_q);
-  opt_prepare(cu_seqlens_kv, "cu_seqlens_kv", call->keep_alive, in.cu_seqlens_kv);
+std::shared_ptr<Call> forward(const py::dict& fields, const std::string& mode, const py::dict& tensors,
+                              const py::handle& out, const py::handle& lse) {
+  const AttentionSpec spec = spec_from_dict(fields);
   const Mode m = mode_from(mode);
-  ForwardResult r;
-  {
-    py::gil_scoped_release nogil;
-    r = attend::forward(in, spec, m);
-  }
-  call->ctx = r.ctx;
-  call->selection = std::make_shared<const Selection>(r.ctx.selection());
-  return py::make_tuple(to_torch(r.out), to_torch(r.lse), call);
-}
-
-py::tuple backward(const Call& call, const at::Tensor& dout) {
-  const at::Tensor d = prepare(dout, "dout");
-  const TensorView dv = view_of(d, "dout");
-  const AttentionSpec& spec = call.ctx.spec();
+  const Inputs in = inputs_of(tensors);
   CallOptions options;
-  Gradients g;
-  if (spec.accumulate_grads) {
-    // Autograd sums gradients itself; accumulate_grads adds into fresh zeros.
-    const auto zeros = [&](Role role) {
-      return Tensor::zeros(expected_dtype(spec, role), expected_shape(spec, role).span());
-    };
-    g.dq = zeros(Role::dq);
-    g.dk = zeros(Role::dk);
-    g.dv = zeros(Role::dv);
-    options.grads = {g.dq, g.dk, g.dv};
-  }
+  options.out = view_of(out, "out");
+  options.lse = view_of(lse, "lse");
+  auto call = std::make_shared<Call>();
   {
     py::gil_scoped_release nogil;
-    Gradients r = attend::backward(call.ctx, dv, options);
-    if (!spec.accumulate_grads)
-      g = std::move(r);
-    else
-      g.dbias = std::move(r.dbias);
+    call->ctx = attend::forward(in, spec, m, options).ctx;
   }
-  py::object dbias = g.dbias.defined() ? py::cast(to_torch(g.dbias)) : py::none();
-  return py::make_tuple(to_torch(g.dq), to_torch(g.dk), to_torch(g.dv), dbias);
+  call->selection = std::make_shared<const Selection>(call->ctx.selection());
+  return call;
 }
 
-py::tuple evaluate(const py::dict& spec_fields, const std::string& mode) {
-  const Selection sel = attend::evaluate(spec_from_dict(spec_fields), mode_from(mode), current_policy());
+void call_backward(const Call& call, const py::handle& dout, const py::dict& grads) {
+  CallOptions options;
+  options.grads = grads_of(grads);
+  const TensorView d = view_of(dout, "dout");
+  py::gil_scoped_release nogil;
+  attend::backward(call.ctx, d, options);
+}
+
+// Backward without a forward context (plans, partials, torch.library ops):
+// selects a training plan for the spec and writes the gradients.
+void backward_free(const py::dict& fields, const py::dict& tensors, const py::handle& out, const py::handle& lse,
+                   const py::handle& dout, const py::dict& grads) {
+  const AttentionSpec spec = spec_from_dict(fields);
+  const Inputs in = inputs_of(tensors);
+  CallOptions options;
+  options.grads = grads_of(grads);
+  const TensorView o = view_of(out, "out"), l = view_of(lse, "lse"), d = view_of(dout, "dout");
+  py::gil_scoped_release nogil;
+  attend::backward(spec, in, o, l, d, options);
+}
+
+void merge_parts(const py::dict& fields, const py::list& parts, const py::handle& out, const py::handle& lse) {
+  const AttentionSpec spec = spec_from_dict(fields);
+  std::vector<Partial> ps;
+  for (std::size_t i = 0; i < py::len(parts); ++i) {
+    const auto p = parts[i].cast<py::tuple>();
+    const std::string name = "parts[" + std::to_string(i) + "]";
+    ps.push_back({view_of(p[0], name + ".out"), view_of(p[1], name + ".lse")});
+  }
+  const TensorView o = view_of(out, "out"), l = view_of(lse, "lse");
+  py::gil_scoped_release nogil;
+  attend::merge(spec, ps, o, l);
+}
+
+py::tuple evaluate(const py::dict& fields, const std::string& mode) {
+  const Selection sel = attend::evaluate(spec_from_dict(fields), mode_from(mode), current_policy());
   return py::make_tuple(sel.explain(), sel.to_json());
 }
 
-// The keep mask of attend's dropout: (H, Sq, Sk) for sequence `b`, computed with
-// the same Philox function every backend uses (src/kernel/philox.h).
-at::Tensor dropout_keep(std::uint64_t seed, double p, std::int64_t b, std::int64_t heads, std::int64_t sq,
-                        std::int64_t sk) {
+// The keep mask of attend's dropout for sequence `b`, (H, Sq, Sk) bytes (1 =
+// kept), from the same Philox function every backend uses (src/kernel/philox.h).
+py::bytes dropout_keep(std::uint64_t seed, double p, std::int64_t b, std::int64_t heads, std::int64_t sq,
+                       std::int64_t sk) {
   if (!(p >= 0.0 && p < 1.0)) {
     throw Error(ErrorCode::invalid_argument, "dropout_p", std::to_string(p), "must be in [0, 1)");
   }
-  at::Tensor m = at::empty({heads, sq, sk}, at::TensorOptions().dtype(at::kBool));
-  bool* out = m.data_ptr<bool>();
+  if (heads < 0 || sq < 0 || sk < 0) {
+    throw Error(ErrorCode::invalid_argument, "shape",
+                std::to_string(heads) + "x" + std::to_string(sq) + "x" + std::to_string(sk),
+                "sizes must be non-negative");
+  }
+  std::string out;
+  out.reserve(static_cast<std::size_t>(heads * sq * sk));
   const detail::DropoutMask mask = detail::DropoutMask::make(seed, p);
   for (std::int64_t h = 0; h < heads; ++h) {
     for (std::int64_t i = 0; i < sq; ++i) {
-      for (std::int64_t j = 0; j < sk; ++j) *out++ = mask.keep(b, h, i, j);
+      for (std::int64_t j = 0; j < sk; ++j) out.push_back(mask.keep(b, h, i, j) ? '\1' : '\0');
     }
   }
-  return m;
+  return py::bytes(out);
 }
 
 py::dict policy_dict(const Policy& p) {
@@ -242,6 +188,21 @@ std::vector<std::string> backend_names() {
   return out;
 }
 
+std::unique_ptr<KVCache> make_kvcache(std::int64_t batch, std::int64_t heads_kv, std::int64_t head_dim_qk,
+                                      std::int64_t head_dim_v, std::int64_t max_seqlen, std::int64_t page_size,
+                                      std::int64_t num_pages, const std::string& dtype) {
+  KVCacheConfig c;
+  c.batch = batch;
+  c.heads_kv = heads_kv;
+  c.head_dim_qk = head_dim_qk;
+  c.head_dim_v = head_dim_v;
+  c.max_seqlen = max_seqlen;
+  c.page_size = page_size;
+  c.num_pages = num_pages;
+  c.dtype = parse_dtype(dtype, "dtype");
+  return std::make_unique<KVCache>(c);
+}
+
 // attend::Error -> attend.errors.<class>(message, code, field, value, limit, detail).
 void raise_attend_error(const Error& e) {
   try {
@@ -253,12 +214,120 @@ void raise_attend_error(const Error& e) {
   }
 }
 
+void bind_selection(py::module_& m) {
+  py::class_<Selection, std::shared_ptr<Selection>>(m, "Selection", "Every backend's verdict for one call.")
+      .def_property_readonly("backend", [](const Selection& s) { return std::string(s.backend->name()); })
+      .def_property_readonly("variant", [](const Selection& s) { return std::string(s.variant_name()); })
+      .def_property_readonly("mode", [](const Selection& s) { return std::string(to_string(s.mode)); })
+      .def("explain", &Selection::explain)
+      .def("to_json", &Selection::to_json);
+  py::class_<Call, std::shared_ptr<Call>>(m, "Call", "The state one forward leaves for its backward.")
+      .def_property_readonly("selection", [](const Call& c) { return std::const_pointer_cast<Selection>(c.selection); })
+      .def("backward", &call_backward, py::arg("dout"), py::arg("grads"),
+           "Writes (or, with accumulate_grads, adds) the gradients into the given arrays");
+}
+
+void bind_plan(py::module_& m) {
+  py::class_<Plan>(m, "Plan", "A selection made once and run many times (attend::Plan).")
+      .def(py::init([](const py::dict& fields, const std::string& mode) {
+             return Plan::make(spec_from_dict(fields), mode_from(mode));
+           }),
+           py::arg("spec"), py::arg("mode"))
+      .def_property_readonly("backend", [](const Plan& p) { return std::string(p.backend().name()); })
+      .def_property_readonly("variant", [](const Plan& p) { return std::string(p.variant()); })
+      .def_property_readonly("mode", [](const Plan& p) { return std::string(to_string(p.mode())); })
+      .def_property_readonly("spec", [](const Plan& p) { return spec_dict(p.spec()); })
+      .def("explain", &Plan::explain)
+      .def("selection_json", [](const Plan& p) { return p.selection().to_json(); })
+      .def("workspace_bytes",
+           [](const Plan& p, const std::string& pass) {
+             if (pass != "forward" && pass != "backward") {
+               throw Error(ErrorCode::invalid_argument, "pass", pass, "expected 'forward' or 'backward'");
+             }
+             return p.workspace_bytes(pass == "forward" ? Pass::forward : Pass::backward);
+           })
+      .def("forward",
+           [](const Plan& p, const py::dict& tensors, const py::handle& out, const py::handle& lse) {
+             const Inputs in = inputs_of(tensors);
+             const TensorView o = view_of(out, "out"), l = view_of(lse, "lse");
+             py::gil_scoped_release nogil;
+             p.forward(in, o, l);
+           })
+      .def("backward", [](const Plan& p, const py::dict& tensors, const py::handle& out, const py::handle& lse,
+                          const py::handle& dout, const py::dict& grads) {
+        const Inputs in = inputs_of(tensors);
+        const TensorView o = view_of(out, "out"), l = view_of(lse, "lse"), d = view_of(dout, "dout");
+        const GradViews g = grads_of(grads);
+        py::gil_scoped_release nogil;
+        p.backward(in, o, l, d, g);
+      });
+}
+
+void bind_kvcache(py::module_& m) {
+  py::class_<KVCache>(m, "KVCache", "A paged KV cache owned by attend (attend::KVCache).")
+      .def(py::init(&make_kvcache), py::arg("batch"), py::arg("heads_kv"), py::arg("head_dim_qk"),
+           py::arg("head_dim_v"), py::arg("max_seqlen"), py::arg("page_size"), py::arg("num_pages"), py::arg("dtype"))
+      .def_property_readonly("batch", &KVCache::batch)
+      .def_property_readonly("page_size", &KVCache::page_size)
+      .def_property_readonly("pages_per_sequence", &KVCache::pages_per_sequence)
+      .def_property_readonly("capacity", &KVCache::capacity)
+      .def_property_readonly("free_pages", &KVCache::free_pages)
+      .def_property_readonly("dtype", [](const KVCache& c) { return std::string(to_string(c.config().dtype)); })
+      .def("length", &KVCache::length, py::arg("seq"))
+      .def("leftpad", &KVCache::leftpad, py::arg("seq"))
+      .def("set_leftpad", &KVCache::set_leftpad, py::arg("seq"), py::arg("tokens"))
+      .def("reset", &KVCache::reset, py::arg("seq"))
+      .def(
+          "append",
+          [](KVCache& c, const py::handle& k, const py::handle& v, const std::vector<std::int64_t>& counts) {
+            const TensorView kv = view_of(k, "k"), vv = view_of(v, "v");
+            py::gil_scoped_release nogil;
+            c.append(kv, vv, counts);
+          },
+          py::arg("k"), py::arg("v"), py::arg("counts"))
+      .def(
+          "append_seq",
+          [](KVCache& c, std::int64_t seq, const py::handle& k, const py::handle& v) {
+            const TensorView kv = view_of(k, "k"), vv = view_of(v, "v");
+            py::gil_scoped_release nogil;
+            c.append(seq, kv, vv);
+          },
+          py::arg("seq"), py::arg("k"), py::arg("v"))
+      .def(
+          "problem_spec",
+          [](const KVCache& c, const py::handle& q, const py::dict& fields, const py::handle& slopes) {
+            return spec_dict(
+                kvcache_problem(view_of(q, "q"), c, spec_from_dict(fields), view_of(slopes, "alibi_slopes")).spec);
+          },
+          py::arg("q"), py::arg("spec"), py::arg("alibi_slopes"),
+          "The complete spec attention of q over the cache runs (sizes from q and the cache)")
+      .def(
+          "forward",
+          [](const KVCache& c, const py::handle& q, const py::dict& fields, const py::handle& slopes,
+             const py::handle& out, const py::handle& lse) {
+            const KVCacheProblem p =
+                kvcache_problem(view_of(q, "q"), c, spec_from_dict(fields), view_of(slopes, "alibi_slopes"));
+            CallOptions options;
+            options.out = view_of(out, "out");
+            options.lse = view_of(lse, "lse");
+            std::shared_ptr<const Selection> sel;
+            {
+              py::gil_scoped_release nogil;
+              sel = std::make_shared<const Selection>(
+                  attend::forward(p.inputs, p.spec, Mode::inference, options).ctx.selection());
+            }
+            return std::const_pointer_cast<Selection>(sel);
+          },
+          py::arg("q"), py::arg("spec"), py::arg("alibi_slopes"), py::arg("out"), py::arg("lse"));
+}
+
 }  // namespace
 }  // namespace attend::python
 
 PYBIND11_MODULE(_C, m) {
   using namespace attend::python;
   m.doc() = "attend native extension (use the attend and attend.torch modules)";
+  m.attr("__version__") = ATTEND_VERSION;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -266,19 +335,18 @@ PYBIND11_MODULE(_C, m) {
       raise_attend_error(e);
     }
   });
+  bind_selection(m);
+  bind_plan(m);
+  bind_kvcache(m);
 
-  py::class_<attend::Selection, std::shared_ptr<attend::Selection>>(m, "Selection", "Every backend's verdict for one call.")
-      .def_property_readonly("backend", [](const attend::Selection& s) { return std::string(s.backend->name()); })
-      .def_property_readonly("mode", [](const attend::Selection& s) { return std::string(attend::to_string(s.mode)); })
-      .def("explain", &attend::Selection::explain)
-      .def("to_json", &attend::Selection::to_json);
-  py::class_<Call, std::shared_ptr<Call>>(m, "Call", "The state one forward leaves for its backward.")
-      .def_property_readonly("selection", [](const Call& c) { return std::const_pointer_cast<attend::Selection>(c.selection); })
-      .def("backward", &backward, py::arg("dout"));
-
-  m.def("forward", &forward, py::arg("spec"), py::arg("mode"), py::arg("q"), py::arg("k"), py::arg("v"),
-        py::arg("bias") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("cu_seqlens_q") = py::none(),
-        py::arg("cu_seqlens_kv") = py::none());
+  m.def("forward", &forward, py::arg("spec"), py::arg("mode"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
+        "Runs forward into out and lse; returns the Call its backward runs from");
+  m.def("backward", &backward_free, py::arg("spec"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
+        py::arg("dout"), py::arg("grads"), "Backward from forward's out and lse, without its context");
+  m.def("merge", &merge_parts, py::arg("spec"), py::arg("parts"), py::arg("out"), py::arg("lse"),
+        "Exact combination of partial results [(out, lse), ...] through their LSEs");
+  m.def("expected", &expected, py::arg("spec"), py::arg("role"),
+        "(shape, dtype) of the tensor of this role (q, out, lse, dq, ...) for the spec");
   m.def("evaluate", &evaluate, py::arg("spec"), py::arg("mode"),
         "(table, json) of every backend's verdict; never raises for 'nothing fits'");
   m.def("describe", [](const py::dict& d) { return attend::describe(spec_from_dict(d)); });
@@ -288,6 +356,9 @@ PYBIND11_MODULE(_C, m) {
       "spec_from_fields", [](const py::dict& d) { return spec_dict(spec_from_dict(d)); }, py::arg("fields"),
       "Every field of the spec these fields describe (the rest at their defaults); an unknown or malformed "
       "field is an attend error naming it");
+  m.def(
+      "validate", [](const py::dict& d) { attend::validate(spec_from_dict(d)); }, py::arg("fields"),
+      "Checks the spec's fields on their own (sizes, ranges); raises the attend error naming the field");
   m.def("dropout_keep", &dropout_keep, py::arg("seed"), py::arg("p"), py::arg("batch_index"), py::arg("heads"),
         py::arg("seqlen_q"), py::arg("seqlen_kv"));
   m.def("get_policy", [] { return policy_dict(attend::current_policy()); });

@@ -1,8 +1,9 @@
 """Shared oracle and tolerance for the attend.torch tests.
 
-The oracle is PyTorch's own autograd over the math definition of attention
-(this torch, 1.13, has no F.scaled_dot_product_attention; its math path is the
-same softmax(q k^T * scale + mask) v written out here). Tolerances follow
+The oracle is PyTorch's own autograd over the math definition of attention,
+softmax(q k^T * scale + mask) v written out here, so the suite runs unchanged on
+torch 1.13 (which has no F.scaled_dot_product_attention) and 2.x (where
+test_torch2.py also compares with torch's own SDPA kernels). Tolerances follow
 docs/semantics.md §7: with out_ref computed in float64 from the
 float32 leaves and out_pt a naive float32 computation (scale moved onto k), the
 kernel must satisfy max|out - out_ref| <= C * max|out_pt - out_ref| + atol, with

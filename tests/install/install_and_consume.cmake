@@ -3,7 +3,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/run_or_fail.cmake)
 file(REMOVE_RECURSE ${PREFIX} ${CONSUMER_BUILD})
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX})
 # The Python package is installed only where an interpreter looks, on request
-# (ATTEND_PYTHON_INSTALL), never into a prefix path no python searches.
+# (pip install ., pyproject.toml), never into a prefix path no python searches.
 if(EXISTS ${PREFIX}/lib/python3/dist-packages)
   message(FATAL_ERROR "cmake --install wrote ${PREFIX}/lib/python3/dist-packages, which no python searches")
 endif()
