@@ -107,8 +107,7 @@ std::string ms_text(const char* pass, double seconds, double flops) {
 
 }  // namespace
 
-int run_cp(RunCommand& cmd) {
-  const MpiSession mpi;
+static int run_cp_ranks(RunCommand& cmd) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -187,6 +186,19 @@ int run_cp(RunCommand& cmd) {
   // Every rank exits with rank 0's verdict, so mpirun's status is the check's.
   MPI_Bcast(&code, 1, MPI_INT, 0, MPI_COMM_WORLD);
   return code;
+}
+
+int run_cp(RunCommand& cmd) {
+  const MpiSession mpi;
+  try {
+    return run_cp_ranks(cmd);
+  } catch (const attend::Error& e) {
+    // Printed before MPI_Finalize, which Open MPI fences across ranks: once one
+    // rank exits non-zero mpirun kills the rest, and a rank that had not yet
+    // printed its (identical, agreed) error would end silently.
+    std::cerr << "error: " << e.what() << std::endl;
+    return kExitError;
+  }
 }
 
 }  // namespace attend_cli
