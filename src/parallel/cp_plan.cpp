@@ -31,6 +31,11 @@ void shard_reasons(const AttentionSpec& s, const Config& c, std::int64_t chunks,
   }
   if (s.has_bias) out.push_back("bias: a dense (Sq, Sk) bias is not sharded by CP");
   if (s.accumulate_grads) out.push_back("accumulate: the CP engines write dq/dk/dv (they accumulate internally)");
+  if (s.softmax_type != SoftmaxType::vanilla) {
+    // Each block would add the sink to its partial; merged, it would count cp times.
+    out.push_back("softmax_type=" + std::string(to_string(s.softmax_type)) +
+                  ": the CP engines do not yet route the sink term to exactly one partial per row");
+  }
   if (s.has_offsets()) out.push_back("positions: the whole problem must start at q_offset=kv_offset=0");
   if (s.seqlen_q % chunks != 0) {
     out.push_back("seqlen=" + num(s.seqlen_q) + " is not divisible by " + num(chunks) + " chunks (cp=" + num(c.size) +

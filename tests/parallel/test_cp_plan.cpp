@@ -115,6 +115,17 @@ TEST(CpPlan, VarlenBiasAndUnevenSequencesAreRejectedByEveryStrategy) {
   EXPECT_TRUE(has_reason(verdict(evaluate(b, Mode::inference, {2, 0}), Strategy::ring), "bias"));
 }
 
+TEST(CpPlan, SinksAreRejectedUntilTheyReachExactlyOnePartialPerRow) {
+  for (const SoftmaxType t : {SoftmaxType::off_by_one, SoftmaxType::learnable}) {
+    AttentionSpec s = base_spec();
+    s.softmax_type = t;
+    const Plan p = evaluate(s, Mode::inference, {2, 0, Strategy::automatic});
+    EXPECT_FALSE(p.viable());
+    EXPECT_TRUE(has_reason(verdict(p, Strategy::ring), "softmax_type"));
+    EXPECT_TRUE(has_reason(verdict(p, Strategy::a2a), "softmax_type"));
+  }
+}
+
 TEST(CpPlan, TrainingRejectsARingWhoseForcedBackendHasNoBackward) {
   Policy policy;
   policy.force = "decode";
