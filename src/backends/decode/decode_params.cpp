@@ -1,6 +1,7 @@
 #include "backends/decode/decode_params.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace attend::decode {
 
@@ -12,6 +13,19 @@ namespace {
 constexpr std::int64_t kMinSplitKeys = 256;
 constexpr std::int64_t kMaxSplits = 64;
 
+// The plan is computed by the support check, before any size is validated
+// against memory, so a huge varlen seqlen_q must saturate rather than overflow:
+// the saturated sizes then fail the scratch limit with a reason.
+std::int64_t sat_mul(std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<std::int64_t>::max() : r;
+}
+
+std::int64_t sat_add(std::int64_t a, std::int64_t b) {
+  std::int64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::int64_t>::max() : r;
+}
+
 }  // namespace
 
 SplitPlan plan_splits(const AttentionSpec& s) {
@@ -19,17 +33,19 @@ SplitPlan plan_splits(const AttentionSpec& s) {
   const std::int64_t sk = std::max<std::int64_t>(s.seqlen_kv, 1);
   p.split_len = std::max(kMinSplitKeys, round_up((sk + kMaxSplits - 1) / kMaxSplits, kBlockN));
   p.max_splits = std::max<std::int64_t>(1, (sk + p.split_len - 1) / p.split_len);
-  p.max_rows = s.group_size() * s.seqlen_q;
+  p.max_rows = sat_mul(s.group_size(), s.seqlen_q);
   p.dqkp = round_up(s.head_dim_qk, kPad);
   p.dvp = round_up(s.head_dim_v, kPad);
   // Scaled q rows, scores, output accumulators, running max and sum.
-  p.head_floats = p.max_rows * (p.dqkp + kBlockN + p.dvp + 2) + 2 * kPad;
+  p.head_floats = sat_add(sat_mul(p.max_rows, p.dqkp + kBlockN + p.dvp + 2), 2 * kPad);
   // Heads per task while one head's working set is small (decode shapes): up to
   // all of them, within ~1 MiB of scratch.
   constexpr std::int64_t kChunkFloats = std::int64_t{1} << 18;
   p.head_chunk = std::clamp<std::int64_t>(kChunkFloats / std::max<std::int64_t>(p.head_floats, 1), 1, s.heads_kv);
-  p.scratch_floats = p.head_chunk * p.head_floats;
-  p.partial_floats = p.max_splits > 1 ? s.batch * s.heads_kv * p.max_splits * p.max_rows * (p.dvp + 1) : 0;
+  p.scratch_floats = sat_mul(p.head_chunk, p.head_floats);
+  p.partial_floats = p.max_splits > 1
+                         ? sat_mul(sat_mul(sat_mul(s.batch, s.heads_kv), p.max_splits), sat_mul(p.max_rows, p.dvp + 1))
+                         : 0;
   return p;
 }
 

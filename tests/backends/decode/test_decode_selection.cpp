@@ -312,5 +312,24 @@ TEST(SelectorKernelAgreement, SelectedBackendsRunAndMatchAndDeclinedOnesRaise) {
   EXPECT_GT(declined_calls, 60);
 }
 
+// Decode sizes its scratch inside check(), before any memory validation, so a
+// varlen batch whose longest query is near INT64_MAX must be declined with the
+// memory reason rather than overflow (found by fuzz_cli_flags, bug 9).
+TEST(DecodeCheck, HugeSeqlenQIsDeclinedForMemoryWithoutOverflow) {
+  const auto decode = make_decode_backend();
+  AttentionSpec s;
+  s.batch = 1;
+  s.heads_q = 8;
+  s.heads_kv = 1;
+  s.head_dim_qk = s.head_dim_v = 64;
+  s.seqlen_kv = 6;
+  for (const std::int64_t sq : {std::int64_t{1} << 40, std::int64_t{44444444444444444}, INT64_MAX}) {
+    s.seqlen_q = sq;
+    const Support sup = decode->check(s, Pass::forward);
+    EXPECT_FALSE(sup.ok()) << sq;
+    EXPECT_TRUE(has_code(sup, ReasonCode::memory)) << sq;
+  }
+}
+
 }  // namespace
 }  // namespace attend
