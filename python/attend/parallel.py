@@ -9,8 +9,9 @@ transport and the autograd glue:
 - ring: K/V chunks travel round the ring (isend/irecv posted before a step's
   blocks are computed, so the transfer overlaps the compute); each block is an
   attend partial (global q_offset/kv_offset, f32 out) merged through its LSE
-  with ``attend.merge``; backward accumulates dQ locally and sends dK/dV
-  accumulators round the ring after each step, home after the last.
+  with ``attend.merge``; backward accumulates dQ locally while each K/V's
+  dK/dV accumulator travels one step behind it (sent on after the step that
+  added to it, arriving during the next step's blocks), home after the last.
 - a2a (Ulysses): an all-to-all turns "my rows of every head" into "every row
   of my heads", attention runs on whole sequences, a second one turns the
   results back, each one packed ``dist.all_to_all_single`` (NCCL, MPI, and
@@ -177,16 +178,20 @@ class _Ring:
     """The K/V (and in backward the dK/dV accumulators) of the step, and the
     posted exchange that brings the next."""
 
-    def __init__(self, group, step, tensors):
+    def __init__(self, group, step, tensors, tag):
         self.next = [torch.empty_like(t) for t in tensors]
         send, recv = _global_rank(group, step["send_to"]), _global_rank(group, step["recv_from"])
-        self.reqs = [dist.isend(t, send, group=group) for t in tensors]
-        self.reqs += [dist.irecv(t, recv, group=group) for t in self.next]
+        # Tags keep K/V apart from the dK/dV accumulators in flight at the same time.
+        self.reqs = [dist.isend(t, send, group=group, tag=tag + i) for i, t in enumerate(tensors)]
+        self.reqs += [dist.irecv(t, recv, group=group, tag=tag + i) for i, t in enumerate(self.next)]
 
     def wait(self):
         for r in self.reqs:
             r.wait()
         return self.next
+
+
+_TAG_KV, _TAG_DKV = 11, 13
 
 
 def _rows(t, i, c):
@@ -200,7 +205,7 @@ def _ring_forward(p, q, k, v, slopes, group):
     kv = [k.contiguous(), v.contiguous()]
     extra = {} if slopes is None else {"alibi_slopes": slopes}
     for step in p["steps"]:
-        ring = _Ring(group, step, kv) if step["index"] + 1 < n else None
+        ring = _Ring(group, step, kv, _TAG_KV) if step["index"] + 1 < n else None
         for b in step["blocks"]:
             if b["mask"] == "skip":
                 continue
@@ -224,10 +229,11 @@ def _ring_backward(p, q, k, v, out, lse, dout, slopes, group):
     acc_dtype = torch.float32 if q.dtype != torch.float64 else torch.float64
     dq = torch.zeros(q.shape, dtype=acc_dtype)
     held = [k.contiguous(), v.contiguous()]
-    dkv = [torch.zeros(k.shape, dtype=acc_dtype), torch.zeros(v.shape, dtype=acc_dtype)]
     extra = {} if slopes is None else {"alibi_slopes": slopes}
+    pending = None  # the accumulators of this step's K/V, on their way from the previous rank
     for step in p["steps"]:
-        ring = _Ring(group, step, held) if step["index"] + 1 < n else None
+        ring = _Ring(group, step, held, _TAG_KV) if step["index"] + 1 < n else None
+        dk_step, dv_step = torch.zeros(k.shape, dtype=acc_dtype), torch.zeros(v.shape, dtype=acc_dtype)
         for b in step["blocks"]:
             if b["mask"] == "skip":
                 continue
@@ -238,14 +244,20 @@ def _ring_backward(p, q, k, v, out, lse, dout, slopes, group):
             g = _core.backward(_rows(q, qi, c), _rows(held[0], ki, c), _rows(held[1], ki, c), _rows(out, qi, c),
                                lse[:, :, qi * c:(qi + 1) * c].contiguous(), _rows(dout, qi, c), **extra, **fields)
             dq[:, qi * c:(qi + 1) * c] += g["dq"]
-            dkv[0][:, ki * c:(ki + 1) * c] += g["dk"]
-            dkv[1][:, ki * c:(ki + 1) * c] += g["dv"]
-        # The accumulators follow their K/V to the next rank; after the last
-        # step this brings every rank's own home.
-        dkv = _Ring(group, step, dkv).wait()
+            dk_step[:, ki * c:(ki + 1) * c] += g["dk"]
+            dv_step[:, ki * c:(ki + 1) * c] += g["dv"]
+        # The accumulator of this K/V was sent by the previous rank after its
+        # own step (one step behind the K/V), so it travelled during this
+        # step's blocks; add to it and send it on. After the last step the
+        # exchange brings every rank's own accumulator home.
+        dkv = pending.wait() if pending is not None else [dk_step.new_zeros(k.shape), dv_step.new_zeros(v.shape)]
+        dkv[0] += dk_step
+        dkv[1] += dv_step
+        pending = _Ring(group, step, dkv, _TAG_DKV)
         if ring is not None:
             held = ring.wait()
-    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+    dk, dv = pending.wait()
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _a2a_forward(p, q, k, v, slopes, group):

@@ -238,6 +238,9 @@ def flash_attn_func(
                              deterministic, **spec_fields)
     if cp_group is not None:
         from . import parallel
+        if return_attn_probs and dropout_p > 0.0:
+            _raise(UnsupportedError, "return_attn_probs", True,
+                   "the dropout mask of a cp_group call spans the whole sequence, not this rank's rows")
         out, lse = parallel.attention(problem.q, problem.k, problem.v, problem.spec, cp_group, cp_strategy,
                                       alibi_slopes)
     else:
