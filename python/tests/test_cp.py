@@ -28,6 +28,7 @@ CASES = [
     ("gqa_causal", 4, 2, True, "ring", "module"),
     ("gqa_a2a", 8, 4, False, "a2a", "flash"),
     ("causal_a2a", 4, 4, True, "a2a", "module"),
+    ("sbhd_causal_auto", 4, 4, True, "auto", "module_sbhd"),
 ]
 
 
@@ -60,13 +61,25 @@ def _worker(rank, size, port, result_dir):
             ql, kl, vl, dl = (par.shard(t, causal=causal).requires_grad_(t is not dout) for t in (q, k, v, dout))
             if api == "flash":
                 out = at.flash_attn_func(ql, kl, vl, causal=causal, cp_group=dist.group.WORLD, cp_strategy=strategy)
-            else:
+            elif api == "module":
                 m = DotProductAttention(h, 16, num_gqa_groups=hk, qkv_format="bshd",
                                         attn_mask_type="causal" if causal else "no_mask",
                                         cp_group=dist.group.WORLD, cp_strategy=strategy)
                 out = m(ql, kl, vl).view(2, ql.shape[1], h, 16)
+            else:  # sbhd, the module's default format; the group set by TE's hook
+                m = DotProductAttention(h, 16, num_gqa_groups=hk, attn_mask_type="causal" if causal else "no_mask")
+                m.set_context_parallel_group(dist.group.WORLD, strategy)
+                out = m(*(t.transpose(0, 1) for t in (ql, kl, vl))).transpose(0, 1).reshape(2, ql.shape[1], h, 16)
             out.backward(dl)
             results[name] = [par.unshard(t.detach(), causal=causal) for t in (out, ql.grad, kl.grad, vl.grad)]
+        # Refused alike on every rank, before any exchange.
+        q, k, v, _ = _whole(CASES[0], size)
+        try:
+            at.flash_attn_func(*(par.shard(t) for t in (q, k, v)), cp_group=dist.group.WORLD,
+                               softmax_type="off_by_one")
+            results["refusal"] = None
+        except attend.UnsupportedError as e:
+            results["refusal"] = (e.field, str(e))
         if rank == 0:
             torch.save(results, os.path.join(result_dir, f"cp{size}.pt"))
     finally:
@@ -92,6 +105,7 @@ def test_cp_group_forward_and_backward_equal_the_single_process_run(size):
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_worker, args=(size, _free_port(), d), nprocs=size, join=True)
         results = torch.load(os.path.join(d, f"cp{size}.pt"))
+    assert results["refusal"] is not None and results["refusal"][0] == "softmax_type", results["refusal"]
     for case in CASES:
         want, oracle = _reference(case, size)
         got = results[case[0]]
