@@ -86,10 +86,12 @@ def shard(x: torch.Tensor, group=None, *, causal: bool = False, dim: int = 1) ->
 def unshard(x: torch.Tensor, group=None, *, causal: bool = False, dim: int = 1) -> torch.Tensor:
     """The whole tensor from every rank's rows (an all_gather; not differentiable)."""
     size, rank = _group_size_rank(group)
-    x = x.contiguous()
+    dtype = x.dtype
+    # gloo on torch 1.13 cannot all_gather bf16; f32 holds bf16/f16 exactly.
+    x = x.contiguous() if dtype not in (torch.bfloat16, torch.float16) else x.float()
     parts = [torch.empty_like(x) for _ in range(size)]
     dist.all_gather(parts, x, group=group)
-    whole = torch.empty(x.shape[:dim] + (x.shape[dim] * size,) + x.shape[dim + 1:], dtype=x.dtype)
+    whole = torch.empty(x.shape[:dim] + (x.shape[dim] * size,) + x.shape[dim + 1:], dtype=dtype)
     for r, part in enumerate(parts):
         row = 0
         for _, off, rows in local_chunks(whole.shape[dim], size, r, causal):

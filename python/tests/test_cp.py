@@ -29,7 +29,9 @@ CASES = [
     ("gqa_a2a", 8, 4, False, "a2a", "flash"),
     ("causal_a2a", 4, 4, True, "a2a", "module"),
     ("sbhd_causal_auto", 4, 4, True, "auto", "module_sbhd"),
+    ("alibi_window", 4, 4, False, "ring", "flash_alibi_window"),
 ]
+SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625])
 
 
 def _free_port():
@@ -59,7 +61,10 @@ def _worker(rank, size, port, result_dir):
             name, h, hk, causal, strategy, api = case
             q, k, v, dout = _whole(case, size)
             ql, kl, vl, dl = (par.shard(t, causal=causal).requires_grad_(t is not dout) for t in (q, k, v, dout))
-            if api == "flash":
+            if api == "flash_alibi_window":
+                out = at.flash_attn_func(ql, kl, vl, window_size=(5, 3), alibi_slopes=SLOPES,
+                                         cp_group=dist.group.WORLD, cp_strategy=strategy)
+            elif api == "flash":
                 out = at.flash_attn_func(ql, kl, vl, causal=causal, cp_group=dist.group.WORLD, cp_strategy=strategy)
             elif api == "module":
                 m = DotProductAttention(h, 16, num_gqa_groups=hk, qkv_format="bshd",
@@ -90,12 +95,17 @@ def _reference(case, size):
     q, k, v, dout = _whole(case, size)
     causal = case[3]
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = at.flash_attn_func(*leaves, causal=causal)
-    out.backward(dout)
     seq = q.shape[1]
     bias = None
-    if causal:
-        bias = torch.full((seq, seq), float("-inf")).triu(1)
+    if case[5] == "flash_alibi_window":
+        out = at.flash_attn_func(*leaves, window_size=(5, 3), alibi_slopes=SLOPES)
+        i, j = torch.arange(seq).view(-1, 1), torch.arange(seq).view(1, -1)
+        bias = (-SLOPES.view(-1, 1, 1) * (j - i).abs()).masked_fill((j > i + 3) | (j < i - 5), float("-inf"))
+    else:
+        out = at.flash_attn_func(*leaves, causal=causal)
+        if causal:
+            bias = torch.full((seq, seq), float("-inf")).triu(1)
+    out.backward(dout)
     oracle = math_attention(*(t.transpose(1, 2) for t in (q, k, v)), bias=bias).transpose(1, 2)
     return [out.detach()] + [t.grad for t in leaves], oracle
 
