@@ -160,13 +160,20 @@ static int run_cp_ranks(RunCommand& cmd) {
     const attend::Tensor dout = shard(plan, data.dout);
     const attend::Tensor dq = zeros(attend::expected_dtype(ls, attend::Role::dq), q_shape(ls));
     const attend::Tensor dk = attend::Tensor::zeros_like(k), dv = attend::Tensor::zeros_like(v);
-    const double t_bwd = timed([&] { par::backward(MPI_COMM_WORLD, plan, in, out, lse, dout, {dq, dk, dv}, opt); });
+    // Every rank receives the whole (H) sink gradient, summed over ranks.
+    const attend::Tensor dsinks = data.sinks.defined() && p.spec.softmax_type == attend::SoftmaxType::learnable
+                                      ? attend::Tensor::zeros_like(data.sinks)
+                                      : attend::Tensor{};
+    attend::GradViews gv{dq, dk, dv};
+    if (dsinks.defined()) gv.dsinks = dsinks;
+    const double t_bwd = timed([&] { par::backward(MPI_COMM_WORLD, plan, in, out, lse, dout, gv, opt); });
     if (rank == 0)
       std::cout << ms_text("backward", t_bwd, static_cast<double>(attend::detail::backward_flops(p.spec, pairs)))
                 << "\n";
     grads.dq = gather(plan, dq);
     grads.dk = gather(plan, dk);
     grads.dv = gather(plan, dv);
+    grads.dsinks = dsinks;
   }
   int code = 0;
   if (cmd.check && rank == 0) {

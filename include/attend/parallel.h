@@ -133,7 +133,11 @@ Plan plan(const AttentionSpec& spec, Mode mode, const Config& config, const Poli
 
 // The spec a ring block runs with: the chunk sizes, its global offsets, the
 // mask dropped for BlockMask::none; forward writes an f32 (f64 for f64)
-// partial and backward accumulates into dq/dk/dv.
+// partial and backward accumulates into dq/dk/dv. Attention sinks: only a
+// block against key chunk 0 (kv_offset 0) keeps the spec's softmax_type (and
+// is never skipped, so each row counts its sink once); every other block runs
+// vanilla. Backward's dsinks therefore come from those blocks alone, summed
+// over ranks. All-to-all ranks take their heads' slice of the sinks.
 AttentionSpec block_spec(const Plan& plan, const Block& block, Pass pass);
 // The spec of an all-to-all rank's local problem: whole sequences of
 // heads_q/size query heads and heads_kv/size key/value heads.

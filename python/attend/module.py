@@ -40,8 +40,12 @@ def alibi_slopes_for(heads):
 class DotProductAttention(torch.nn.Module):
     def __init__(self, num_attention_heads, kv_channels, num_gqa_groups=None, attention_dropout=0.0,
                  qkv_format="sbhd", attn_mask_type="causal", window_size=None, softmax_scale=None,
-                 deterministic=False, attention_type="self", layer_number=None, **unsupported):
+                 deterministic=False, attention_type="self", layer_number=None, cp_group=None,
+                 cp_strategy="auto", **unsupported):
         super().__init__()
+        # Context parallelism (attend.parallel): a torch.distributed group
+        # sharing the sequence; inputs are this rank's rows in its layout.
+        self.cp_group, self.cp_strategy = cp_group, cp_strategy
         if unsupported:
             # Parallelism and RNG-tracker options have no meaning on one CPU process.
             _raise(UnsupportedError, "DotProductAttention", ",".join(sorted(unsupported)),
@@ -79,7 +83,28 @@ class DotProductAttention(torch.nn.Module):
         problem = self._problem(query_layer, key_layer, value_layer, attention_mask, qkv_format, cu_seqlens_q,
                                 cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, attn_mask_type, window_size,
                                 core_attention_bias_type, core_attention_bias, alibi_slopes)
+        if self.cp_group is not None:
+            return self._run_cp(problem)
         return problem.run(training=self.training)[0]
+
+    def set_context_parallel_group(self, cp_group, cp_strategy="auto"):
+        """TransformerEngine's hook: later forwards split the sequence over cp_group (None: off)."""
+        self.cp_group, self.cp_strategy = cp_group, cp_strategy
+
+    def _run_cp(self, problem):
+        from . import parallel
+        s = problem.spec
+        if s["layout"] not in ("bshd", "sbhd") or problem.bias is not None:
+            _raise(UnsupportedError, "cp_group", "set", "context parallelism takes bshd/sbhd inputs without "
+                   "masks or bias tensors (causal, windows and ALiBi are fine)")
+        tensors = [problem.q, problem.k, problem.v]
+        if s["layout"] == "sbhd":
+            tensors = [t.transpose(0, 1) for t in tensors]
+        out, _ = parallel.attention(*tensors, dict(s, layout="bshd"), self.cp_group, self.cp_strategy,
+                                    problem.slopes, training=self.training)
+        if s["layout"] == "sbhd":
+            out = out.transpose(0, 1)
+        return problem.restore(out)
 
     def explain(self, query_layer, key_layer, value_layer, **kwargs):
         """The verdict table forward would get with these arguments (not run)."""

@@ -220,7 +220,8 @@ def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, win
 def flash_attn_func(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
+        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_func: q (B, Sq, H, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv)
     -> out (B, Sq, H, Dv). Causal and windows are bottom-right aligned; softcap,
     ALiBi (f32 slopes (H) or (B, H)), GQA/MQA (H % Hk == 0), dropout as in FA2.
@@ -229,10 +230,21 @@ def flash_attn_func(
     (FA2's S_dmask encoding is tied to its CUDA tiling and is not reproduced).
     ``**spec_fields``: further attend::AttentionSpec fields by name (attend.spec_fields()),
     e.g. q_offset/kv_offset for a chunk of a longer sequence, out_dtype="f32",
-    dropout_seed; one the arguments already decide is an InvalidArgumentError."""
+    dropout_seed; one the arguments already decide is an InvalidArgumentError.
+    ``cp_group``: a torch.distributed process group sharing the sequence (context
+    parallelism, attend.parallel): q, k, v are this rank's rows in the CP layout
+    (attend.parallel.shard), out likewise; ``cp_strategy`` "auto", "ring" or "a2a"."""
     problem = _flash_problem(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                              deterministic, **spec_fields)
-    out, lse = problem.run()
+    if cp_group is not None:
+        from . import parallel
+        if return_attn_probs and dropout_p > 0.0:
+            _raise(UnsupportedError, "return_attn_probs", True,
+                   "the dropout mask of a cp_group call spans the whole sequence, not this rank's rows")
+        out, lse = parallel.attention(problem.q, problem.k, problem.v, problem.spec, cp_group, cp_strategy,
+                                      alibi_slopes)
+    else:
+        out, lse = problem.run()
     if not return_attn_probs:
         return out
     s = problem.spec
@@ -244,7 +256,8 @@ def flash_attn_func(
 def flash_attn_qkvpacked_func(
         qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
+        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_qkvpacked_func: qkv (B, S, 3, H, D); read in place (strided)."""
     _check_tensor(qkv, "qkv", (5,))
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
@@ -254,7 +267,8 @@ def flash_attn_qkvpacked_func(
 def flash_attn_kvpacked_func(
         q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
+        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_kvpacked_func: q (B, Sq, H, D), kv (B, Sk, 2, Hk, D)."""
     _check_tensor(kv, "kv", (5,))
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
@@ -313,7 +327,8 @@ def flash_attn_varlen_func(
 def flash_attn_varlen_qkvpacked_func(
         qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
+        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_qkvpacked_func: qkv (total, 3, H, D)."""
     _check_tensor(qkv, "qkv", (4,))
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
@@ -325,7 +340,8 @@ def flash_attn_varlen_kvpacked_func(
         q: torch.Tensor, kv: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
         max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
+        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_kvpacked_func: q (total_q, H, D), kv (total_k, 2, Hk, D)."""
     _check_tensor(kv, "kv", (4,))
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -18,6 +18,7 @@
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
 #include "kernel/philox.h"
+#include "parallel.h"
 #include "spec_dict.h"
 #include "views.h"
 
@@ -338,6 +339,7 @@ PYBIND11_MODULE(_C, m) {
   bind_selection(m);
   bind_plan(m);
   bind_kvcache(m);
+  attend::python::bind_parallel(m);
 
   m.def("forward", &forward, py::arg("spec"), py::arg("mode"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
         "Runs forward into out and lse; returns the Call its backward runs from");

@@ -31,11 +31,6 @@ void shard_reasons(const AttentionSpec& s, const Config& c, std::int64_t chunks,
   }
   if (s.has_bias) out.push_back("bias: a dense (Sq, Sk) bias is not sharded by CP");
   if (s.accumulate_grads) out.push_back("accumulate: the CP engines write dq/dk/dv (they accumulate internally)");
-  if (s.softmax_type != SoftmaxType::vanilla) {
-    // Each block would add the sink to its partial; merged, it would count cp times.
-    out.push_back("softmax_type=" + std::string(to_string(s.softmax_type)) +
-                  ": the CP engines do not yet route the sink term to exactly one partial per row");
-  }
   if (s.has_offsets()) out.push_back("positions: the whole problem must start at q_offset=kv_offset=0");
   if (s.seqlen_q % chunks != 0) {
     out.push_back("seqlen=" + num(s.seqlen_q) + " is not divisible by " + num(chunks) + " chunks (cp=" + num(c.size) +
@@ -95,13 +90,25 @@ void judge_ring(Plan& p, const Policy& policy, StrategyVerdict& v) {
   if (!v.reasons.empty()) return;
   // Representative blocks: an unmasked one and, for masked problems, one on
   // the mask's edge (the diagonal); the backend must run both kinds.
-  Block plain{0, 0, 0, 0, BlockMask::none};
+  // With a sink, blocks against key chunk 0 carry it and the others run
+  // vanilla: both kinds must run.
+  const std::int64_t off = p.spec.has_sink() && p.config.size > 1 ? p.chunk_rows : 0;
+  Block plain{0, 0, 0, off, BlockMask::none};
   v.backend =
       backend_for(block_spec(p, plain, Pass::forward), Mode::inference, policy, "the ring's forward blocks", v.reasons);
   if (p.spec.is_masked()) {
     Block edge{0, 0, 0, 0, BlockMask::partial};
     backend_for(block_spec(p, edge, Pass::forward), Mode::inference, policy, "the ring's diagonal forward blocks",
                 v.reasons);
+  }
+  if (off > 0) {
+    Block carrier{0, 0, 0, 0, BlockMask::none};
+    backend_for(block_spec(p, carrier, Pass::forward), Mode::inference, policy,
+                "the ring's sink-carrying forward blocks", v.reasons);
+    if (p.mode == Mode::training) {
+      backend_for(block_spec(p, carrier, Pass::backward), Mode::training, policy,
+                  "the ring's sink-carrying backward blocks", v.reasons);
+    }
   }
   if (p.mode == Mode::training) {
     v.backward_backend = backend_for(block_spec(p, plain, Pass::backward), Mode::training, policy,
@@ -184,7 +191,11 @@ std::vector<Step> Plan::ring_steps(int rank) const {
       for (int ki = 0; ki < static_cast<int>(theirs.size()); ++ki) {
         const Chunk& q = mine[static_cast<std::size_t>(qi)];
         const Chunk& k = theirs[static_cast<std::size_t>(ki)];
-        step.blocks.push_back({qi, ki, q.offset, k.offset, classify(spec, q.offset, k.offset, chunk_rows)});
+        BlockMask mask = classify(spec, q.offset, k.offset, chunk_rows);
+        // The sink's one partial per row (docs/semantics.md §1a) runs even
+        // when the window hides every key of the block: O = 0, LSE = z_h.
+        if (mask == BlockMask::skip && spec.has_sink() && k.offset == 0) mask = BlockMask::partial;
+        step.blocks.push_back({qi, ki, q.offset, k.offset, mask});
       }
     }
     out.push_back(std::move(step));
@@ -214,6 +225,8 @@ AttentionSpec block_spec(const Plan& plan, const Block& block, Pass pass) {
     s.causal = false;
     s.window_left = s.window_right = -1;
   }
+  // Only the block against key chunk 0 adds the sink to its rows' partials.
+  if (block.kv_offset != 0) s.softmax_type = SoftmaxType::vanilla;
   if (pass == Pass::forward) {
     // Partials stay unrounded until the last merge.
     if (s.dtype != DType::f64 && s.dtype != DType::f32) s.out_dtype = DType::f32;

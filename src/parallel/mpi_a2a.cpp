@@ -101,10 +101,24 @@ HeadInputs gather_inputs(const Job& job, const Inputs& local) {
   h.in.k = h.k;
   h.in.v = h.v;
   h.in.alibi_slopes = slope_slice(local.alibi_slopes, job.plan.config.rank * s.heads_q, s.heads_q);
+  h.in.sinks = slope_slice(local.sinks, job.plan.config.rank * s.heads_q, s.heads_q);
   return h;
 }
 
 }  // namespace
+
+Tensor zero_dsinks(const AttentionSpec& spec) {
+  if (spec.softmax_type != SoftmaxType::learnable) return {};
+  return Tensor::zeros(spec.lse_dtype(), {spec.heads_q});
+}
+
+void sum_dsinks(const Job& job, const Tensor& dsinks) {
+  if (!dsinks.defined()) return;
+  const Stopwatch sw(job.stats.wait_seconds);
+  std::vector<MPI_Request> reqs{
+      job.link.iallreduce_sum(dsinks.data(), dsinks.numel(), dsinks.view().dtype == DType::f64)};
+  job.link.wait(reqs, -1, "allreduce of dsinks");
+}
 
 LocalForward a2a_forward(const Job& job, const Inputs& local) {
   guarded(job.failure, [&] {
@@ -142,15 +156,21 @@ LocalGrads a2a_backward(const Job& job, const Inputs& local, const TensorView& o
   seq_to_heads(job, lse_grid(lse), lse_grid(l), "all-to-all of lse");
   Tensor dq = heads_tensor(s, s.heads_q, s.head_dim_qk, s.effective_dq_dtype());
   Tensor dk = Tensor::zeros_like(h.k), dv = Tensor::zeros_like(h.v);
+  // Each rank writes its heads' slice of the whole (H) gradient; the sum over
+  // ranks then gathers every slice.
+  const Tensor dsinks = zero_dsinks(job.plan.spec);
   guarded(job.failure, [&] {
     const Stopwatch sw(job.stats.compute_seconds);
     ++job.stats.blocks;
-    attend::Plan::make(s, Mode::training, {&job.policy, {}}).backward(h.in, o, l, d, {dq, dk, dv});
+    GradViews g{dq, dk, dv};
+    if (dsinks.defined()) g.dsinks = slope_slice(dsinks, job.plan.config.rank * s.heads_q, s.heads_q);
+    attend::Plan::make(s, Mode::training, {&job.policy, {}}).backward(h.in, o, l, d, g);
   });
+  sum_dsinks(job, dsinks);
   const AttentionSpec ls = job.plan.local_spec();
   LocalGrads g{Tensor::zeros(dq.view().dtype, {ls.batch, ls.seqlen_q, ls.heads_q, ls.head_dim_qk}),
                Tensor::zeros(s.dtype, {ls.batch, ls.seqlen_kv, ls.heads_kv, ls.head_dim_qk}),
-               Tensor::zeros(s.dtype, {ls.batch, ls.seqlen_kv, ls.heads_kv, ls.head_dim_v})};
+               Tensor::zeros(s.dtype, {ls.batch, ls.seqlen_kv, ls.heads_kv, ls.head_dim_v}), dsinks};
   heads_to_seq(job, grid(dq), grid(g.dq), "all-to-all of dq");
   heads_to_seq(job, grid(dk), grid(g.dk), "all-to-all of dk");
   heads_to_seq(job, grid(dv), grid(g.dv), "all-to-all of dv");

@@ -45,7 +45,13 @@ struct LocalForward {
 
 struct LocalGrads {
   Tensor dq, dk, dv;  // this rank's rows; any floating dtype (converted when written out)
+  Tensor dsinks;      // softmax_type = learnable: (H), the sinks' dtype, summed over every rank
 };
+
+// softmax_type = learnable: a zeroed (H) gradient of `sinks`' dtype.
+Tensor zero_dsinks(const AttentionSpec& spec);
+// Sums each rank's dsinks in place (every rank takes part, failed or not).
+void sum_dsinks(const Job& job, const Tensor& dsinks);
 
 LocalForward ring_forward(const Job& job, const Inputs& local);
 LocalGrads ring_backward(const Job& job, const Inputs& local, const TensorView& out, const TensorView& lse,

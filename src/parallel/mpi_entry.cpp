@@ -87,8 +87,9 @@ void backward(MPI_Comm comm, const Plan& plan, const Inputs& local, const Tensor
   Failure failure;
   detail::guarded(failure, [&] {
     local_checks(plan, link, Pass::backward);
-    validate_backward(
-        BackwardArgs{plan.local_spec(), local, out, lse, dout, grads.dq, grads.dk, grads.dv, grads.dbias});
+    BackwardArgs args{plan.local_spec(), local, out, lse, dout, grads.dq, grads.dk, grads.dv, grads.dbias};
+    args.dsinks = grads.dsinks;
+    validate_backward(args);
   });
   link.agree(failure.status(fp));
 
@@ -102,6 +103,15 @@ void backward(MPI_Comm comm, const Plan& plan, const Inputs& local, const Tensor
   detail::convert_grid(detail::grid(g.dq), detail::grid(grads.dq), false);
   detail::convert_grid(detail::grid(g.dk), detail::grid(grads.dk), false);
   detail::convert_grid(detail::grid(g.dv), detail::grid(grads.dv), false);
+  if (g.dsinks.defined()) {
+    const TensorView& d = grads.dsinks;
+    const std::size_t es = size_of(d.dtype);
+    for (std::int64_t h = 0; h < d.shape[0]; ++h) {
+      detail::store(static_cast<std::byte*>(d.data) + static_cast<std::size_t>(h * d.strides[0]) * es, d.dtype,
+                    detail::load(static_cast<const std::byte*>(g.dsinks.data()) + static_cast<std::size_t>(h) * es,
+                                 g.dsinks.view().dtype));
+    }
+  }
 }
 
 }  // namespace attend::parallel

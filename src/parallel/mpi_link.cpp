@@ -55,6 +55,13 @@ MPI_Request Link::ialltoall(const void* send, void* recv, std::size_t bytes) con
   return r;
 }
 
+MPI_Request Link::iallreduce_sum(void* data, std::int64_t count, bool f64) const {
+  MPI_Request r = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), f64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM, comm_, &r),
+        "MPI_Iallreduce");
+  return r;
+}
+
 void Link::poke(std::vector<MPI_Request>& requests) const {
   if (requests.empty()) return;
   int done = 0;

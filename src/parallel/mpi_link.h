@@ -34,6 +34,8 @@ class Link {
   MPI_Request irecv(void* data, std::size_t bytes, int peer, int tag) const;
   // MPI_Ialltoall of `bytes` per rank.
   MPI_Request ialltoall(const void* send, void* recv, std::size_t bytes) const;
+  // In-place MPI_Iallreduce (sum) of `count` f32 or f64 values.
+  MPI_Request iallreduce_sum(void* data, std::int64_t count, bool f64) const;
   // Progresses the requests without blocking (MPI moves large messages only
   // inside MPI calls, so the engines poke it between kernel calls).
   void poke(std::vector<MPI_Request>& requests) const;

@@ -86,6 +86,7 @@ LocalForward ring_forward(const Job& job, const Inputs& local) {
         in.q = row_view(local.q, b.q_chunk * c, c);
         in.k = row_view(kv.k[kv.cur], b.kv_chunk * c, c);
         in.v = row_view(kv.v[kv.cur], b.kv_chunk * c, c);
+        if (s.softmax_type != SoftmaxType::learnable) in.sinks = {};
         const Stopwatch sw(job.stats.compute_seconds);
         ++job.stats.blocks;
         attend::Plan::make(s, Mode::inference, popt).forward(in, part_out, part_lse);
@@ -118,6 +119,7 @@ LocalGrads ring_backward(const Job& job, const Inputs& local, const TensorView& 
     dk_acc[i] = Tensor::zeros(acc, {ls.batch, ls.seqlen_kv, ls.heads_kv, ls.head_dim_qk});
     dv_acc[i] = Tensor::zeros(acc, {ls.batch, ls.seqlen_kv, ls.heads_kv, ls.head_dim_v});
   }
+  const Tensor dsinks = zero_dsinks(ls);
   const PlanOptions popt{&job.policy, {}};
   std::vector<MPI_Request> acc_recv, acc_send;
 
@@ -138,8 +140,13 @@ LocalGrads ring_backward(const Job& job, const Inputs& local, const TensorView& 
         in.q = row_view(local.q, b.q_chunk * c, c);
         in.k = row_view(kv.k[kv.cur], b.kv_chunk * c, c);
         in.v = row_view(kv.v[kv.cur], b.kv_chunk * c, c);
-        const GradViews g{row_view(dq, b.q_chunk * c, c), row_view(dk_step, b.kv_chunk * c, c),
-                          row_view(dv_step, b.kv_chunk * c, c)};
+        GradViews g{row_view(dq, b.q_chunk * c, c), row_view(dk_step, b.kv_chunk * c, c),
+                    row_view(dv_step, b.kv_chunk * c, c)};
+        // Only the sink-carrying block (key chunk 0) has a sink gradient.
+        if (s.softmax_type == SoftmaxType::learnable)
+          g.dsinks = dsinks;
+        else
+          in.sinks = {};
         const Stopwatch sw(job.stats.compute_seconds);
         ++job.stats.blocks;
         attend::Plan::make(s, Mode::training, popt)
@@ -175,7 +182,8 @@ LocalGrads ring_backward(const Job& job, const Inputs& local, const TensorView& 
   const Stopwatch sw(job.stats.wait_seconds);
   job.link.wait(acc_recv, last.recv_from, "ring backward dK/dV return");
   job.link.wait(acc_send, last.send_to, "ring backward dK/dV send");
-  return {dq, dk_acc[home], dv_acc[home]};
+  sum_dsinks(job, dsinks);
+  return {dq, dk_acc[home], dv_acc[home], dsinks};
 }
 
 }  // namespace attend::parallel::detail

@@ -62,6 +62,7 @@ struct Case {
   std::int64_t window_left = -1, window_right = -1;
   double softcap = 0.0, dropout = 0.0;
   DType dtype = DType::f32;
+  SoftmaxType softmax = SoftmaxType::vanilla;
 };
 
 AttentionSpec spec_of(const Case& c, int n) {
@@ -78,6 +79,7 @@ AttentionSpec spec_of(const Case& c, int n) {
   s.window_right = c.window_right;
   s.softcap = c.softcap;
   s.dtype = c.dtype;
+  s.softmax_type = c.softmax;
   if (c.dropout > 0) {
     s.dropout_p = c.dropout;
     s.dropout_seed = 99;
@@ -117,10 +119,20 @@ TEST_P(CpMatchesSingleProcess, EveryRankRowsOfOutputAndGradientsEqualTheReferenc
     EXPECT_LE(max_abs_diff(out, shard(plan, want.out)), tol) << "out";
     EXPECT_LE(max_abs_diff(lse, shard(plan, want.lse, true)), tol) << "lse";
     Tensor dq = Tensor::zeros_like(q), dk = Tensor::zeros_like(k), dv = Tensor::zeros_like(v);
-    backward(MPI_COMM_WORLD, plan, in, out, lse, dout, {dq, dk, dv});
+    GradViews g{dq, dk, dv};
+    Tensor dsinks;
+    if (c.softmax == SoftmaxType::learnable) {
+      dsinks = Tensor::zeros_like(p.sinks);
+      g.dsinks = dsinks;
+    }
+    backward(MPI_COMM_WORLD, plan, in, out, lse, dout, g);
     EXPECT_LE(max_abs_diff(dq, shard(plan, want.dq)), 4 * tol) << "dq";
     EXPECT_LE(max_abs_diff(dk, shard(plan, want.dk)), 4 * tol) << "dk";
     EXPECT_LE(max_abs_diff(dv, shard(plan, want.dv)), 4 * tol) << "dv";
+    // Every rank holds the whole (H) gradient, summed over all rows.
+    if (dsinks.defined()) {
+      EXPECT_LE(max_abs_diff(dsinks, want.dsinks), 4 * tol) << "dsinks";
+    }
   }
   const bool a2a_applies = c.heads_q % n == 0 && c.heads_kv % n == 0 && c.dropout == 0.0;
   EXPECT_EQ(ran, a2a_applies ? 2 : 1);
@@ -136,7 +148,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"dims_192_128", 4, 4, 192, 128, 12, true},
                       Case{"softcap_alibi", 12, 6, 16, 16, 12, true, true, -1, -1, 5.0},
                       Case{"dropout_causal", 4, 2, 16, 16, 12, true, false, -1, -1, 0.0, 0.25},
-                      Case{"bf16_causal", 12, 12, 32, 32, 12, true, false, -1, -1, 0.0, 0.0, DType::bf16}),
+                      Case{"bf16_causal", 12, 12, 32, 32, 12, true, false, -1, -1, 0.0, 0.0, DType::bf16},
+                      // Sinks: the window hides key chunk 0 from the far chunks, whose
+                      // carrying blocks must still run.
+                      Case{"sinks_learnable_causal_gqa", 12, 4, 16, 16, 12, true, false, -1, -1, 0.0, 0.0, DType::f32,
+                           SoftmaxType::learnable},
+                      Case{"sinks_learnable_window", 4, 2, 16, 16, 12, false, false, 9, 4, 0.0, 0.0, DType::f32,
+                           SoftmaxType::learnable},
+                      Case{"sinks_off_by_one_causal_window", 4, 4, 16, 16, 12, true, false, 7, -1, 0.0, 0.0, DType::f32,
+                           SoftmaxType::off_by_one},
+                      Case{"sinks_learnable_plain", 12, 12, 16, 16, 12, false, false, -1, -1, 0.0, 0.0, DType::f32,
+                           SoftmaxType::learnable}),
     [](const auto& param_info) { return std::string(param_info.param.name); });
 
 // --- faults ------------------------------------------------------------------

@@ -115,14 +115,35 @@ TEST(CpPlan, VarlenBiasAndUnevenSequencesAreRejectedByEveryStrategy) {
   EXPECT_TRUE(has_reason(verdict(evaluate(b, Mode::inference, {2, 0}), Strategy::ring), "bias"));
 }
 
-TEST(CpPlan, SinksAreRejectedUntilTheyReachExactlyOnePartialPerRow) {
+// docs/semantics.md §1a: exactly one partial per query row carries the sink,
+// the block against key chunk 0, which runs even when its keys are all masked.
+TEST(CpPlan, SinksRideOnlyTheBlocksAgainstKeyChunkZeroWhichAreNeverSkipped) {
   for (const SoftmaxType t : {SoftmaxType::off_by_one, SoftmaxType::learnable}) {
     AttentionSpec s = base_spec();
     s.softmax_type = t;
-    const Plan p = evaluate(s, Mode::inference, {2, 0, Strategy::automatic});
-    EXPECT_FALSE(p.viable());
-    EXPECT_TRUE(has_reason(verdict(p, Strategy::ring), "softmax_type"));
-    EXPECT_TRUE(has_reason(verdict(p, Strategy::a2a), "softmax_type"));
+    s.window_left = 8;  // far query chunks see nothing of chunk 0
+    s.window_right = 0;
+    const Plan a = evaluate(s, Mode::training, {2, 0, Strategy::automatic});
+    EXPECT_TRUE(verdict(a, Strategy::ring).accepted) << a.explain();
+    EXPECT_TRUE(verdict(a, Strategy::a2a).accepted) << a.explain();
+    for (int rank = 0; rank < 4; ++rank) {
+      const Plan p = evaluate(s, Mode::training, {4, rank, Strategy::ring});
+      ASSERT_TRUE(p.viable()) << p.explain();
+      int carriers = 0;
+      for (const Step& step : p.steps) {
+        for (const Block& b : step.blocks) {
+          const AttentionSpec bs = block_spec(p, b, Pass::forward);
+          if (b.kv_offset == 0) {
+            ++carriers;
+            EXPECT_NE(b.mask, BlockMask::skip) << "rank " << rank;
+            EXPECT_EQ(bs.softmax_type, t);
+          } else {
+            EXPECT_EQ(bs.softmax_type, SoftmaxType::vanilla);
+          }
+        }
+      }
+      EXPECT_EQ(carriers, static_cast<int>(p.local_chunks().size())) << "one carrier per query chunk";
+    }
   }
 }
 
