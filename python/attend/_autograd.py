@@ -10,8 +10,12 @@ Two implementations of the same op:
   ``attend::attention_backward`` with fake (meta) kernels and registered
   autograd, so torch.compile traces through without graph breaks. The spec
   travels as a string (``key=value;...``) the native field table parses.
-  Backward is the context-free one (from out and LSE); it selects for the same
-  spec under the same policy, hence the same backend (selections are cached).
+  Backward is the context-free one (from out and LSE). Forward returns, as a
+  third output, a one-element int64 tensor naming the (backend, variant) it ran
+  on; backward takes it and runs there, forced, whatever the policy says by
+  then (forward's choice wins: a backend disabled after forward still runs
+  the backward of a call it began). A tensor, not a string argument, so that
+  compiled graphs carry the choice made when the op runs, not at trace time.
 - older torch (1.13 ...): a ``torch.autograd.Function`` that keeps forward's
   native context, so backward runs on the plan forward chose.
 """
@@ -26,6 +30,25 @@ _TORCH_DTYPE = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat
 _NAMES = ("q", "k", "v", "bias", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv")
 
 _last = []  # the native Selection of the most recent forward in this process
+
+# "backend:variant" plans forward ran on, interned: the ops pass an index.
+_PLANS = []
+_PLAN_INDEX = {}
+
+
+def _plan_id(selection):
+    name = f"{selection.backend}:{selection.variant}"
+    if name not in _PLAN_INDEX:
+        _PLAN_INDEX[name] = len(_PLANS)
+        _PLANS.append(name)
+    return _PLAN_INDEX[name]
+
+
+def _plan_name(plan):
+    i = int(plan.reshape(-1)[0].item())
+    if not 0 <= i < len(_PLANS):
+        _raise(UnsupportedError, "plan", i, "not a plan this process's forward chose")
+    return _PLANS[i]
 
 
 def draw_dropout_seed():
@@ -158,8 +181,8 @@ if HAS_OPS:
                           alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
                           cu_seqlens_kv: Optional[torch.Tensor], spec: str, mode: str) -> List[torch.Tensor]:
         tensors = dict(zip(_NAMES, (q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv)))
-        out, lse, _, _ = _native_forward(_op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv), mode, tensors)
-        return [out, lse]
+        out, lse, call, _ = _native_forward(_op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv), mode, tensors)
+        return [out, lse, torch.tensor([_plan_id(call.selection)], dtype=torch.int64)]
 
     @attention_forward.register_fake
     def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, spec, mode):
@@ -172,24 +195,26 @@ if HAS_OPS:
         else:
             b, sq, h = _DENSE_DIMS[layout]
             lse_shape = (q.shape[b], q.shape[h], q.shape[sq])
-        return [q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype), q.new_empty(lse_shape, dtype=lse_dtype)]
+        return [q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype), q.new_empty(lse_shape, dtype=lse_dtype),
+                q.new_empty((1,), dtype=torch.int64)]
 
     @torch.library.custom_op("attend::attention_backward", mutates_args=())
     def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
                            cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_kv: Optional[torch.Tensor],
-                           out: torch.Tensor, lse: torch.Tensor, spec: str) -> List[torch.Tensor]:
+                           out: torch.Tensor, lse: torch.Tensor, plan: torch.Tensor,
+                           spec: str) -> List[torch.Tensor]:
         s = _op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv)
         grads = _grad_buffers(s, bias)
         descs, keep = _arrays.describe_all(dict(zip(_NAMES, (q, k, v, bias, alibi_slopes, cu_seqlens_q,
                                                                  cu_seqlens_kv))))
         gd, gkeep = _arrays.describe_all(grads)
         _C.backward(s, descs, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0],
-                    _arrays.describe(dout, "dout")[0], gd)
+                    _arrays.describe(dout, "dout")[0], gd, _plan_name(plan))
         return [grads["dq"], grads["dk"], grads["dv"], grads.get("dbias", q.new_empty(0))]
 
     @attention_backward.register_fake
-    def _(dout, q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, out, lse, spec):
+    def _(dout, q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, out, lse, plan, spec):
         s = spec_from_text(spec)
         dq_dtype = _TORCH_DTYPE[s["dq_dtype"]] if s.get("dq_dtype") else q.dtype
         has_dbias = bias is not None and s.get("bias_requires_grad") == "true"
@@ -200,14 +225,14 @@ if HAS_OPS:
         q, k, v, bias, slopes, cu_q, cu_kv, spec, _mode = inputs
         ctx.spec = spec
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(q, k, v, bias, slopes, cu_q, cu_kv, output[0], output[1])
+        ctx.save_for_backward(q, k, v, bias, slopes, cu_q, cu_kv, output[0], output[1], output[2])
 
     def _backward(ctx, grads):
         if torch.is_grad_enabled():
             _no_double_backward()
-        q, k, v, bias, slopes, cu_q, cu_kv, out, lse = ctx.saved_tensors
+        q, k, v, bias, slopes, cu_q, cu_kv, out, lse, plan = ctx.saved_tensors
         dq, dk, dv, dbias = attention_backward(grads[0].contiguous(), q, k, v, bias, slopes, cu_q, cu_kv, out,
-                                               lse, ctx.spec)
+                                               lse, plan, ctx.spec)
         return dq, dk, dv, (dbias if ctx.has_bias and dbias.numel() else None), None, None, None, None, None
 
     attention_forward.register_autograd(_backward, setup_context=_setup)
@@ -218,7 +243,7 @@ def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=N
     mode = mode_for((q, k, v, bias), training)
     if HAS_OPS:
         text = spec_text({f: x for f, x in spec.items() if f not in _SIZE_FIELDS})
-        out, lse = attention_forward(q, k, v, bias, slopes, cu_q, cu_kv, text, mode)
+        out, lse, _plan = attention_forward(q, k, v, bias, slopes, cu_q, cu_kv, text, mode)
         return out, lse
     needs_graph = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
     if not needs_graph:

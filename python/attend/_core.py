@@ -80,7 +80,9 @@ def forward(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mode: str = "inference"
     layout (``layout=``, bshd by default); further inputs by keyword (bias,
     alibi_slopes, cu_seqlens_q/kv for thd, block_table/cache_seqlens/cache_leftpad
     for paged K/V pools); any spec field by keyword, e.g.
-    ``attend.forward(q, k, v, causal=True, out_dtype="f32", q_offset=128)``."""
+    ``attend.forward(q, k, v, causal=True, out_dtype="f32", q_offset=128)``.
+    Its backward (attend.backward) selects again under the policy then in force;
+    ``backend=`` pins it, and attend.select() plans run both passes on one choice."""
     q, k, v = (_arrays.adopt(x) for x in (q, k, v))
     tensors, fields = _split(kwargs)
     spec = infer_spec(q, k, v, fields, tensors)
@@ -99,10 +101,13 @@ def _grads(spec, q, bias, zeros):
 
 
 def backward(q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: ArrayLike, dout: ArrayLike,
-             **kwargs: Any) -> Dict[str, Any]:
+             *, backend: Optional[str] = None, **kwargs: Any) -> Dict[str, Any]:
     """Backward from forward's out and lse (no forward context needed): returns
     a dict with dq, dk, dv (and dbias with bias_requires_grad=True). Takes the
-    same keywords as forward; dq_dtype="f32" gives an unrounded dq for bf16/f16."""
+    same keywords as forward; dq_dtype="f32" gives an unrounded dq for bf16/f16.
+    ``backend`` ("name" or "name:variant", e.g.
+    forward's attend.torch.last_selection()) runs it there, forced, whatever the
+    policy disables; without it the policy in force selects."""
     q, k, v = (_arrays.adopt(x) for x in (q, k, v))
     tensors, fields = _split(kwargs)
     spec = infer_spec(q, k, v, fields, tensors)
@@ -110,7 +115,7 @@ def backward(q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: Arra
     descs, keep = _arrays.describe_all(dict(q=q, k=k, v=v, **tensors))
     gd, gkeep = _arrays.describe_all(grads)
     _C.backward(spec, descs, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0],
-                _arrays.describe(dout, "dout")[0], gd)
+                _arrays.describe(dout, "dout")[0], gd, backend or "")
     del keep, gkeep
     return grads
 

@@ -102,14 +102,33 @@ void call_backward(const Call& call, const py::handle& dout, const py::dict& gra
   attend::backward(call.ctx, d, options);
 }
 
-// Backward without a forward context (plans, partials, torch.library ops):
-// selects a training plan for the spec and writes the gradients.
+// The policy that pins backward to forward's (backend, variant): forced, with
+// nothing disabled, so a policy change after forward cannot move backward or
+// silently switch it off (forward's choice wins; a backend that cannot do the
+// pass still fails with its reasons).
+Policy pinned_policy(const std::string& plan) {
+  Policy p;
+  p.force = plan;
+  p.force_source = "forward's selection";
+  p.log = current_policy().log;
+  p.tune_cache = "off";
+  return p;
+}
+
+// Backward without a forward context (plans, partials, torch.library ops).
+// `plan` "backend:variant" (forward's choice) runs it there; empty selects a
+// training plan for the spec under the current policy.
 void backward_free(const py::dict& fields, const py::dict& tensors, const py::handle& out, const py::handle& lse,
-                   const py::handle& dout, const py::dict& grads) {
+                   const py::handle& dout, const py::dict& grads, const std::string& plan) {
   const AttentionSpec spec = spec_from_dict(fields);
   const Inputs in = inputs_of(tensors);
   CallOptions options;
   options.grads = grads_of(grads);
+  std::optional<Policy> pinned;
+  if (!plan.empty()) {
+    pinned = pinned_policy(plan);
+    options.policy = &*pinned;
+  }
   const TensorView o = view_of(out, "out"), l = view_of(lse, "lse"), d = view_of(dout, "dout");
   py::gil_scoped_release nogil;
   attend::backward(spec, in, o, l, d, options);
@@ -342,7 +361,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("forward", &forward, py::arg("spec"), py::arg("mode"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
         "Runs forward into out and lse; returns the Call its backward runs from");
   m.def("backward", &backward_free, py::arg("spec"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
-        py::arg("dout"), py::arg("grads"), "Backward from forward's out and lse, without its context");
+        py::arg("dout"), py::arg("grads"), py::arg("plan") = std::string(),
+        "Backward from forward's out and lse, without its context; plan 'backend:variant' pins it there");
   m.def("merge", &merge_parts, py::arg("spec"), py::arg("parts"), py::arg("out"), py::arg("lse"),
         "Exact combination of partial results [(out, lse), ...] through their LSEs");
   m.def("expected", &expected, py::arg("spec"), py::arg("role"),
