@@ -34,10 +34,11 @@ Mode mode_from(const std::string& mode) {
 
 Role role_from(const std::string& role) {
   for (Role r : {Role::q, Role::k, Role::v, Role::out, Role::lse, Role::dout, Role::dq, Role::dk, Role::dv, Role::bias,
-                 Role::cu_seqlens_q, Role::cu_seqlens_kv}) {
+                 Role::cu_seqlens_q, Role::cu_seqlens_kv, Role::sinks, Role::dsinks}) {
     if (to_string(r) == role) return r;
   }
-  throw Error(ErrorCode::invalid_argument, "role", role, "expected q, k, v, out, lse, dout, dq, dk, dv or bias");
+  throw Error(ErrorCode::invalid_argument, "role", role,
+              "expected q, k, v, out, lse, dout, dq, dk, dv, bias, sinks or dsinks");
 }
 
 // (shape, dtype name) a tensor of `role` must have: what Python allocates
@@ -63,8 +64,10 @@ GradViews grads_of(const py::dict& grads) {
       g.dv = view_of(item.second, key);
     else if (key == "dbias")
       g.dbias = view_of(item.second, key);
+    else if (key == "dsinks")
+      g.dsinks = view_of(item.second, key);
     else
-      throw Error(ErrorCode::invalid_argument, key, "", "not a gradient (expected dq, dk, dv, dbias)");
+      throw Error(ErrorCode::invalid_argument, key, "", "not a gradient (expected dq, dk, dv, dbias, dsinks)");
   }
   return g;
 }
