@@ -17,6 +17,7 @@
 
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
+#include "attend/select.h"
 #include "kernel/philox.h"
 #include "spec_dict.h"
 #include "views.h"
@@ -183,11 +184,13 @@ py::dict policy_dict(const Policy& p) {
   d["force"] = p.force ? py::cast(*p.force) : py::none();
   d["disable"] = p.disabled;
   d["log"] = p.log == LogLevel::off ? "off" : p.log == LogLevel::info ? "info" : "debug";
+  d["select"] = std::string(to_string(p.strategy));
+  d["tune_cache"] = p.tune_cache;
   return d;
 }
 
 void set_policy_from(const std::optional<std::string>& force, const std::vector<std::string>& disable,
-                     const std::string& log) {
+                     const std::string& log, const std::string& select, const std::string& tune_cache) {
   Policy p;
   p.force = force;
   p.disabled = disable;
@@ -201,6 +204,9 @@ void set_policy_from(const std::optional<std::string>& force, const std::vector<
   else if (log == "info") p.log = LogLevel::info;
   else if (log == "debug") p.log = LogLevel::debug;
   else throw Error(ErrorCode::invalid_argument, "log", log, "expected off, info or debug");
+  p.strategy = parse_strategy(select, "select");
+  p.strategy_source = "select";
+  p.tune_cache = tune_cache;
   set_policy(std::move(p));  // unknown backend names fail here, not at the next call
 }
 
@@ -386,7 +392,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("seqlen_q"), py::arg("seqlen_kv"));
   m.def("get_policy", [] { return policy_dict(attend::current_policy()); });
   m.def("policy_from_env", [] { return policy_dict(attend::Policy::from_env()); });
-  m.def("set_policy", &set_policy_from, py::arg("force"), py::arg("disable"), py::arg("log"));
+  m.def("set_policy", &set_policy_from, py::arg("force"), py::arg("disable"), py::arg("log"),
+        py::arg("select") = std::string("priority"), py::arg("tune_cache") = std::string());
   m.def("backends", &backend_names);
   m.def("flash_isa", [] { return std::string(attend::flash_active_isa()); });
 }
