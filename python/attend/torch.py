@@ -357,10 +357,11 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, api: 
     table, ``.data`` the structured form, ``.selected`` the backend or None)."""
     if api not in _PROBLEMS:
         _raise(InvalidArgumentError, "api", api, f"expected one of {sorted(_PROBLEMS)}")
+    sinks = kwargs.pop("sinks", None)
     problem = _PROBLEMS[api](q, k, v, *args, **kwargs)
     if problem is None:
         _raise(InvalidArgumentError, "query.shape[0]", 0, "an empty batch has no problem to explain")
-    return problem.explain(mode)
+    return problem.with_sinks(sinks).explain(mode)
 
 
 # --- flash_attn_with_kvcache ---------------------------------------------------------------

@@ -107,6 +107,12 @@ def test_module_learnable_sinks_are_a_trained_parameter():
         at.DotProductAttention(4, 8, softmax_type="sigmoid")
 
 
+def test_explain_sees_the_sinks():
+    q = randn(1, 3, 2, 8).requires_grad_(True)
+    e = at.explain(q, q, q, api="flash_attn", causal=True, sinks=torch.zeros(2, requires_grad=True))
+    assert e.mode == "training" and "sinks=learnable" in e.data["problem"]
+
+
 def test_sinks_errors_name_the_field():
     q = randn(1, 3, 2, 8)
     with pytest.raises(attend.AttendError, match="sinks"):
