@@ -10,8 +10,12 @@ Two implementations of the same op:
   ``attend::attention_backward`` with fake (meta) kernels and registered
   autograd, so torch.compile traces through without graph breaks. The spec
   travels as a string (``key=value;...``) the native field table parses.
-  Backward is the context-free one (from out and LSE); it selects for the same
-  spec under the same policy, hence the same backend (selections are cached).
+  Backward is the context-free one (from out and LSE). Forward returns, as a
+  third output, a one-element int64 tensor naming the (backend, variant) it ran
+  on; backward takes it and runs there, forced, whatever the policy says by
+  then (forward's choice wins: a backend disabled after forward still runs
+  the backward of a call it began). A tensor, not a string argument, so that
+  compiled graphs carry the choice made when the op runs, not at trace time.
 - older torch (1.13 ...): a ``torch.autograd.Function`` that keeps forward's
   native context, so backward runs on the plan forward chose.
 """
@@ -19,13 +23,32 @@ Two implementations of the same op:
 import torch
 
 from . import _C, _arrays
-from .errors import UnsupportedError, _raise
+from .errors import InvalidArgumentError, UnsupportedError, _raise
 
 _TORCH_DTYPE = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16,
                 "i32": torch.int32}
-_NAMES = ("q", "k", "v", "bias", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv")
+_NAMES = ("q", "k", "v", "bias", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv", "sinks")
 
 _last = []  # the native Selection of the most recent forward in this process
+
+# "backend:variant" plans forward ran on, interned: the ops pass an index.
+_PLANS = []
+_PLAN_INDEX = {}
+
+
+def _plan_id(selection):
+    name = f"{selection.backend}:{selection.variant}"
+    if name not in _PLAN_INDEX:
+        _PLAN_INDEX[name] = len(_PLANS)
+        _PLANS.append(name)
+    return _PLAN_INDEX[name]
+
+
+def _plan_name(plan):
+    i = int(plan.reshape(-1)[0].item())
+    if not 0 <= i < len(_PLANS):
+        _raise(UnsupportedError, "plan", i, "not a plan this process's forward chose")
+    return _PLANS[i]
 
 
 def draw_dropout_seed():
@@ -58,11 +81,15 @@ def _native_forward(spec, mode, tensors):
     return out, lse, call, keep
 
 
+def _learnable(spec):
+    return str(spec.get("softmax_type")) == "learnable"
+
+
 def _grad_buffers(spec, bias):
     zeros = bool(spec.get("accumulate_grads")) and str(spec.get("accumulate_grads")).lower() != "false"
     make = torch.zeros if zeros else torch.empty
     grads = {}
-    for r in ("dq", "dk", "dv"):
+    for r in ("dq", "dk", "dv") + (("dsinks",) if _learnable(spec) else ()):
         shape, dtype = _expected(spec, r)
         grads[r] = make(shape, dtype=dtype)
     if bias is not None and str(spec.get("bias_requires_grad")).lower() == "true":
@@ -78,8 +105,9 @@ def _no_double_backward():
 
 class _Attend(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, spec, mode, q, k, v, bias, slopes, cu_q, cu_kv):
-        out, lse, call, keep = _native_forward(spec, mode, dict(zip(_NAMES, (q, k, v, bias, slopes, cu_q, cu_kv))))
+    def forward(ctx, spec, mode, q, k, v, bias, slopes, cu_q, cu_kv, sinks):
+        out, lse, call, keep = _native_forward(spec, mode,
+                                               dict(zip(_NAMES, (q, k, v, bias, slopes, cu_q, cu_kv, sinks))))
         # The context (plan, spec with the dropout seed, out and LSE) and the
         # memory it views: backward runs on the same backend.
         ctx.call, ctx.keep, ctx.spec, ctx.bias = call, keep, spec, bias
@@ -99,7 +127,8 @@ class _Attend(torch.autograd.Function):
         gd, gkeep = _arrays.describe_all(grads)
         d, dkeep = _arrays.describe(dout, "dout")
         ctx.call.backward(d, gd)
-        return None, None, grads["dq"], grads["dk"], grads["dv"], grads.get("dbias"), None, None, None
+        return (None, None, grads["dq"], grads["dk"], grads["dv"], grads.get("dbias"), None, None, None,
+                grads.get("dsinks"))
 
 
 # --- torch.library ops (torch >= 2.4) ----------------------------------------------------
@@ -156,13 +185,14 @@ if HAS_OPS:
     @torch.library.custom_op("attend::attention_forward", mutates_args=())
     def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor],
                           alibi_slopes: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
-                          cu_seqlens_kv: Optional[torch.Tensor], spec: str, mode: str) -> List[torch.Tensor]:
-        tensors = dict(zip(_NAMES, (q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv)))
-        out, lse, _, _ = _native_forward(_op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv), mode, tensors)
-        return [out, lse]
+                          cu_seqlens_kv: Optional[torch.Tensor], sinks: Optional[torch.Tensor], spec: str,
+                          mode: str) -> List[torch.Tensor]:
+        tensors = dict(zip(_NAMES, (q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, sinks)))
+        out, lse, call, _ = _native_forward(_op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv), mode, tensors)
+        return [out, lse, torch.tensor([_plan_id(call.selection)], dtype=torch.int64)]
 
     @attention_forward.register_fake
-    def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, spec, mode):
+    def _(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, sinks, spec, mode):
         s = spec_from_text(spec)
         out_dtype = _TORCH_DTYPE[s["out_dtype"]] if s.get("out_dtype") else q.dtype
         lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -172,59 +202,77 @@ if HAS_OPS:
         else:
             b, sq, h = _DENSE_DIMS[layout]
             lse_shape = (q.shape[b], q.shape[h], q.shape[sq])
-        return [q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype), q.new_empty(lse_shape, dtype=lse_dtype)]
+        return [q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype), q.new_empty(lse_shape, dtype=lse_dtype),
+                q.new_empty((1,), dtype=torch.int64)]
 
     @torch.library.custom_op("attend::attention_backward", mutates_args=())
     def attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            bias: Optional[torch.Tensor], alibi_slopes: Optional[torch.Tensor],
                            cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_kv: Optional[torch.Tensor],
-                           out: torch.Tensor, lse: torch.Tensor, spec: str) -> List[torch.Tensor]:
+                           sinks: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
+                           plan: torch.Tensor, spec: str) -> List[torch.Tensor]:
         s = _op_spec(spec, q, k, v, cu_seqlens_q, cu_seqlens_kv)
         grads = _grad_buffers(s, bias)
         descs, keep = _arrays.describe_all(dict(zip(_NAMES, (q, k, v, bias, alibi_slopes, cu_seqlens_q,
-                                                                 cu_seqlens_kv))))
+                                                                 cu_seqlens_kv, sinks))))
         gd, gkeep = _arrays.describe_all(grads)
         _C.backward(s, descs, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0],
-                    _arrays.describe(dout, "dout")[0], gd)
-        return [grads["dq"], grads["dk"], grads["dv"], grads.get("dbias", q.new_empty(0))]
+                    _arrays.describe(dout, "dout")[0], gd, _plan_name(plan))
+        return [grads["dq"], grads["dk"], grads["dv"], grads.get("dbias", q.new_empty(0)),
+                grads.get("dsinks", q.new_empty(0))]
 
     @attention_backward.register_fake
-    def _(dout, q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, out, lse, spec):
+    def _(dout, q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_kv, sinks, out, lse, plan, spec):
         s = spec_from_text(spec)
         dq_dtype = _TORCH_DTYPE[s["dq_dtype"]] if s.get("dq_dtype") else q.dtype
         has_dbias = bias is not None and s.get("bias_requires_grad") == "true"
+        has_dsinks = sinks is not None and s.get("softmax_type") == "learnable"
         return [q.new_empty(q.shape, dtype=dq_dtype), k.new_empty(k.shape), v.new_empty(v.shape),
-                bias.new_empty(bias.shape) if has_dbias else q.new_empty(0)]
+                bias.new_empty(bias.shape) if has_dbias else q.new_empty(0),
+                sinks.new_empty(sinks.shape) if has_dsinks else q.new_empty(0)]
 
     def _setup(ctx, inputs, output):
-        q, k, v, bias, slopes, cu_q, cu_kv, spec, _mode = inputs
+        q, k, v, bias, slopes, cu_q, cu_kv, sinks, spec, _mode = inputs
         ctx.spec = spec
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(q, k, v, bias, slopes, cu_q, cu_kv, output[0], output[1])
+        ctx.has_sinks = sinks is not None
+        ctx.save_for_backward(q, k, v, bias, slopes, cu_q, cu_kv, sinks, output[0], output[1], output[2])
 
     def _backward(ctx, grads):
         if torch.is_grad_enabled():
             _no_double_backward()
-        q, k, v, bias, slopes, cu_q, cu_kv, out, lse = ctx.saved_tensors
-        dq, dk, dv, dbias = attention_backward(grads[0].contiguous(), q, k, v, bias, slopes, cu_q, cu_kv, out,
-                                               lse, ctx.spec)
-        return dq, dk, dv, (dbias if ctx.has_bias and dbias.numel() else None), None, None, None, None, None
+        q, k, v, bias, slopes, cu_q, cu_kv, sinks, out, lse, plan = ctx.saved_tensors
+        dq, dk, dv, dbias, dsinks = attention_backward(grads[0].contiguous(), q, k, v, bias, slopes, cu_q, cu_kv,
+                                                       sinks, out, lse, plan, ctx.spec)
+        return (dq, dk, dv, (dbias if ctx.has_bias and dbias.numel() else None), None, None, None,
+                (dsinks if ctx.has_sinks and dsinks.numel() else None), None, None)
 
     attention_forward.register_autograd(_backward, setup_context=_setup)
 
 
-def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=None):
+def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=None, sinks=None):
     """Runs attention; returns (out, lse)."""
-    mode = mode_for((q, k, v, bias), training)
+    mode = mode_for((q, k, v, bias, sinks), training)
     if HAS_OPS:
         text = spec_text({f: x for f, x in spec.items() if f not in _SIZE_FIELDS})
-        out, lse = attention_forward(q, k, v, bias, slopes, cu_q, cu_kv, text, mode)
+        out, lse, _plan = attention_forward(q, k, v, bias, slopes, cu_q, cu_kv, sinks, text, mode)
         return out, lse
-    needs_graph = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
+    needs_graph = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sinks))
     if not needs_graph:
-        out, lse, _, _ = _native_forward(spec, mode, dict(zip(_NAMES, (q, k, v, bias, slopes, cu_q, cu_kv))))
+        out, lse, _, _ = _native_forward(spec, mode,
+                                         dict(zip(_NAMES, (q, k, v, bias, slopes, cu_q, cu_kv, sinks))))
         return out, lse
-    return _Attend.apply(spec, mode, q, k, v, bias, slopes, cu_q, cu_kv)
+    return _Attend.apply(spec, mode, q, k, v, bias, slopes, cu_q, cu_kv, sinks)
+
+
+def sinks_for(sinks, q):
+    """Sink logits in the dtype attend reads them: float64 for float64 problems,
+    else float32 (a differentiable cast, so a bf16 parameter still gets its
+    gradient)."""
+    if not isinstance(sinks, torch.Tensor):
+        _raise(InvalidArgumentError, "sinks", type(sinks).__name__, "expected a (H_q) float tensor")
+    want = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return sinks if sinks.dtype == want else sinks.to(want)
 
 
 def last_explanation():
@@ -238,18 +286,31 @@ class Problem:
     """A call mapped onto attend: spec fields, tensors in the spec's layout, and
     how to turn attend's output back into the caller's convention."""
 
-    def __init__(self, spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, restore=lambda o: o):
+    def __init__(self, spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, restore=lambda o: o,
+                 sinks=None):
         self.spec, self.q, self.k, self.v = spec, q, k, v
         self.bias, self.slopes, self.cu_q, self.cu_kv = bias, slopes, cu_q, cu_kv
         self.restore = restore
+        self.sinks = sinks
 
     def tensors(self):
-        return (self.q, self.k, self.v, self.bias)
+        return (self.q, self.k, self.v, self.bias, self.sinks)
+
+    def with_sinks(self, sinks):
+        """This problem with learnable sink logits `sinks` (H_q): softmax_type learnable."""
+        if sinks is not None:
+            given = self.spec.get("softmax_type")
+            if given not in (None, "learnable"):
+                _raise(InvalidArgumentError, "softmax_type", given, "sinks= gives learnable sink logits: "
+                       "pass softmax_type='learnable' or no softmax_type")
+            self.sinks = sinks_for(sinks, self.q)
+            self.spec = dict(self.spec, softmax_type="learnable")
+        return self
 
     def run(self, training=None):
         """(output in the caller's convention, LSE)."""
         out, lse = run(self.spec, self.q, self.k, self.v, self.bias, self.slopes, self.cu_q, self.cu_kv,
-                       training=training)
+                       training=training, sinks=self.sinks)
         return self.restore(out), lse
 
     def explain(self, mode=None, training=None):

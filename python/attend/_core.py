@@ -17,7 +17,8 @@ ArrayLike = Any
 
 # Where batch, sequence and heads sit in a dense layout's 4 dims.
 _DENSE = {"bshd": (0, 1, 2), "bhsd": (0, 2, 1), "sbhd": (1, 0, 2)}
-_INPUTS = ("bias", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv", "block_table", "cache_seqlens", "cache_leftpad")
+_INPUTS = ("bias", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv", "block_table", "cache_seqlens", "cache_leftpad",
+           "sinks")
 
 
 def _dims(t, name, n):
@@ -60,6 +61,8 @@ def infer_spec(q, k, v, fields, tensors):
         s["has_bias"] = True
     if tensors.get("alibi_slopes") is not None:
         s["alibi"] = True
+    if tensors.get("sinks") is not None:
+        s["softmax_type"] = "learnable"
     s.update(fields)
     return s
 
@@ -79,8 +82,10 @@ def forward(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mode: str = "inference"
     """Attention forward: returns (out, lse). ``q``, ``k``, ``v`` in the spec's
     layout (``layout=``, bshd by default); further inputs by keyword (bias,
     alibi_slopes, cu_seqlens_q/kv for thd, block_table/cache_seqlens/cache_leftpad
-    for paged K/V pools); any spec field by keyword, e.g.
-    ``attend.forward(q, k, v, causal=True, out_dtype="f32", q_offset=128)``."""
+    for paged K/V pools, sinks (H) f32 learnable sink logits); any spec field by
+    keyword, e.g. ``attend.forward(q, k, v, causal=True, out_dtype="f32", q_offset=128)``.
+    Its backward (attend.backward) selects again under the policy then in force;
+    ``backend=`` pins it, and attend.select() plans run both passes on one choice."""
     q, k, v = (_arrays.adopt(x) for x in (q, k, v))
     tensors, fields = _split(kwargs)
     spec = infer_spec(q, k, v, fields, tensors)
@@ -92,17 +97,21 @@ def forward(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, mode: str = "inference"
 
 
 def _grads(spec, q, bias, zeros):
-    grads = {r: _alloc(spec, r, q, zeros) for r in ("dq", "dk", "dv")}
+    roles = ("dq", "dk", "dv") + (("dsinks",) if spec.get("softmax_type") == "learnable" else ())
+    grads = {r: _alloc(spec, r, q, zeros) for r in roles}
     if spec.get("bias_requires_grad"):
         grads["dbias"] = _arrays.empty(q, tuple(bias.shape), spec["dtype"], zeros)
     return grads
 
 
 def backward(q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: ArrayLike, dout: ArrayLike,
-             **kwargs: Any) -> Dict[str, Any]:
+             *, backend: Optional[str] = None, **kwargs: Any) -> Dict[str, Any]:
     """Backward from forward's out and lse (no forward context needed): returns
-    a dict with dq, dk, dv (and dbias with bias_requires_grad=True). Takes the
-    same keywords as forward; dq_dtype="f32" gives an unrounded dq for bf16/f16."""
+    a dict with dq, dk, dv (dbias with bias_requires_grad=True, dsinks with
+    sinks). Takes the same keywords as forward; dq_dtype="f32" gives an
+    unrounded dq for bf16/f16. ``backend`` ("name" or "name:variant", e.g.
+    forward's attend.torch.last_selection()) runs it there, forced, whatever the
+    policy disables; without it the policy in force selects."""
     q, k, v = (_arrays.adopt(x) for x in (q, k, v))
     tensors, fields = _split(kwargs)
     spec = infer_spec(q, k, v, fields, tensors)
@@ -110,7 +119,7 @@ def backward(q: ArrayLike, k: ArrayLike, v: ArrayLike, out: ArrayLike, lse: Arra
     descs, keep = _arrays.describe_all(dict(q=q, k=k, v=v, **tensors))
     gd, gkeep = _arrays.describe_all(grads)
     _C.backward(spec, descs, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0],
-                _arrays.describe(dout, "dout")[0], gd)
+                _arrays.describe(dout, "dout")[0], gd, backend or "")
     del keep, gkeep
     return grads
 

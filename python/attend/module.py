@@ -6,7 +6,9 @@ forward arguments for the features attend has: qkv_format 'sbhd' | 'bshd' |
 attn_mask_type ('no_mask', 'causal', 'causal_bottom_right', 'padding',
 'padding_causal', 'padding_causal_bottom_right', 'arbitrary'; TE masks are
 True where a position is *excluded*), sliding windows, post-scale bias, ALiBi
-and attention dropout. The output has the heads merged, as in TE:
+attention dropout and attention sinks (softmax_type 'vanilla', 'off-by-one' or
+'learnable'; learnable sink logits are the module's ``softmax_offset``
+parameter, (H) float32, zero-initialised, as in TE). The output has the heads merged, as in TE:
 (sq, b, h*dv) for sbhd, (b, sq, h*dv) for bshd, (t, h*dv) for thd.
 
 ``module.training`` and ``torch.is_grad_enabled()`` decide the mode: a module in
@@ -41,7 +43,7 @@ class DotProductAttention(torch.nn.Module):
     def __init__(self, num_attention_heads, kv_channels, num_gqa_groups=None, attention_dropout=0.0,
                  qkv_format="sbhd", attn_mask_type="causal", window_size=None, softmax_scale=None,
                  deterministic=False, attention_type="self", layer_number=None, cp_group=None,
-                 cp_strategy="auto", **unsupported):
+                 cp_strategy="auto", softmax_type="vanilla", **unsupported):
         super().__init__()
         # Context parallelism (attend.parallel): a torch.distributed group
         # sharing the sequence; inputs are this rank's rows in its layout.
@@ -70,12 +72,20 @@ class DotProductAttention(torch.nn.Module):
         self.deterministic = bool(deterministic)
         self.attention_type = attention_type
         self.layer_number = layer_number
+        # TE spells it 'off-by-one'; attend's spec field 'off_by_one'.
+        self.softmax_type = str(softmax_type).replace("-", "_")
+        if self.softmax_type not in ("vanilla", "off_by_one", "learnable"):
+            _raise(InvalidArgumentError, "softmax_type", softmax_type, "expected 'vanilla', 'off-by-one' or 'learnable'")
+        if self.softmax_type == "learnable":
+            self.softmax_offset = torch.nn.Parameter(torch.zeros(self.num_attention_heads, dtype=torch.float32))
+        else:
+            self.softmax_offset = None
 
     def extra_repr(self):
         return (f"heads={self.num_attention_heads}, gqa_groups={self.num_gqa_groups}, "
                 f"kv_channels=({self.hidden_size_per_attention_head_k}, {self.hidden_size_per_attention_head_v}), "
                 f"qkv_format={self.qkv_format}, attn_mask_type={self.attn_mask_type}, "
-                f"dropout={self.attention_dropout}")
+                f"dropout={self.attention_dropout}, softmax_type={self.softmax_type}")
 
     def forward(self, query_layer, key_layer, value_layer, attention_mask=None, qkv_format=None,
                 cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=None, max_seqlen_kv=None, attn_mask_type=None,
@@ -83,6 +93,7 @@ class DotProductAttention(torch.nn.Module):
         problem = self._problem(query_layer, key_layer, value_layer, attention_mask, qkv_format, cu_seqlens_q,
                                 cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, attn_mask_type, window_size,
                                 core_attention_bias_type, core_attention_bias, alibi_slopes)
+        problem = problem.with_sinks(self.softmax_offset)
         if self.cp_group is not None:
             return self._run_cp(problem)
         return problem.run(training=self.training)[0]
@@ -101,14 +112,15 @@ class DotProductAttention(torch.nn.Module):
         if s["layout"] == "sbhd":
             tensors = [t.transpose(0, 1) for t in tensors]
         out, _ = parallel.attention(*tensors, dict(s, layout="bshd"), self.cp_group, self.cp_strategy,
-                                    problem.slopes, training=self.training)
+                                    problem.slopes, training=self.training, sinks=problem.sinks)
         if s["layout"] == "sbhd":
             out = out.transpose(0, 1)
         return problem.restore(out)
 
     def explain(self, query_layer, key_layer, value_layer, **kwargs):
         """The verdict table forward would get with these arguments (not run)."""
-        return self._problem(query_layer, key_layer, value_layer, **kwargs).explain(training=self.training)
+        problem = self._problem(query_layer, key_layer, value_layer, **kwargs).with_sinks(self.softmax_offset)
+        return problem.explain(training=self.training)
 
     def _problem(self, q, k, v, attention_mask=None, qkv_format=None, cu_seqlens_q=None, cu_seqlens_kv=None,
                  max_seqlen_q=None, max_seqlen_kv=None, attn_mask_type=None, window_size=None,
@@ -149,6 +161,8 @@ class DotProductAttention(torch.nn.Module):
                     head_dim_v=self.hidden_size_per_attention_head_v, dtype=_masks.dtype_name(q, "query_layer"),
                     layout=fmt, scale=self.softmax_scale, alibi=slopes is not None,
                     deterministic=self.deterministic)
+        if self.softmax_type == "off_by_one":
+            spec["softmax_type"] = "off_by_one"  # learnable: with_sinks() sets it with the parameter
         if dropout > 0.0:
             spec.update(dropout_p=dropout, dropout_seed=_autograd.draw_dropout_seed())
 

@@ -200,7 +200,13 @@ def _rows(t, i, c):
     return t[:, i * c:(i + 1) * c].contiguous()
 
 
-def _ring_forward(p, q, k, v, slopes, group):
+def _sink_inputs(spec, sinks):
+    """The learnable sink logits for a block whose spec carries them (the plan
+    gives them to the blocks against key chunk 0 only: one partial per row)."""
+    return {"sinks": sinks} if sinks is not None and spec.get("softmax_type") == "learnable" else {}
+
+
+def _ring_forward(p, q, k, v, slopes, sinks, group):
     c, n = p["chunk_rows"], p["size"]
     nq = len(p["chunks"][p["rank"]])
     acc: List[Optional[Tuple[torch.Tensor, torch.Tensor]]] = [None] * nq
@@ -212,7 +218,8 @@ def _ring_forward(p, q, k, v, slopes, group):
             if b["mask"] == "skip":
                 continue
             part = _core.forward(_rows(q, b["q_chunk"], c), _rows(kv[0], b["kv_chunk"], c),
-                                 _rows(kv[1], b["kv_chunk"], c), **extra, **b["forward_spec"])
+                                 _rows(kv[1], b["kv_chunk"], c), **extra, **_sink_inputs(b["forward_spec"], sinks),
+                                 **b["forward_spec"])
             i = b["q_chunk"]
             acc[i] = part if acc[i] is None else _core.merge([acc[i], part])
         if ring is not None:
@@ -225,13 +232,14 @@ def _ring_forward(p, q, k, v, slopes, group):
     return out, lse
 
 
-def _ring_backward(p, q, k, v, out, lse, dout, slopes, group):
+def _ring_backward(p, q, k, v, out, lse, dout, slopes, sinks, group):
     c, n = p["chunk_rows"], p["size"]
     half = q.dtype in (torch.bfloat16, torch.float16)
     acc_dtype = torch.float32 if q.dtype != torch.float64 else torch.float64
     dq = torch.zeros(q.shape, dtype=acc_dtype)
     held = [k.contiguous(), v.contiguous()]
     extra = {} if slopes is None else {"alibi_slopes": slopes}
+    dsinks = None if sinks is None else torch.zeros(sinks.shape, dtype=torch.float64)
     pending = None  # the accumulators of this step's K/V, on their way from the previous rank
     for step in p["steps"]:
         ring = _Ring(group, step, held, _TAG_KV) if step["index"] + 1 < n else None
@@ -244,8 +252,11 @@ def _ring_backward(p, q, k, v, out, lse, dout, slopes, group):
             if half:
                 fields["dq_dtype"] = "f32"
             g = _core.backward(_rows(q, qi, c), _rows(held[0], ki, c), _rows(held[1], ki, c), _rows(out, qi, c),
-                               lse[:, :, qi * c:(qi + 1) * c].contiguous(), _rows(dout, qi, c), **extra, **fields)
+                               lse[:, :, qi * c:(qi + 1) * c].contiguous(), _rows(dout, qi, c), **extra,
+                               **_sink_inputs(fields, sinks), **fields)
             dq[:, qi * c:(qi + 1) * c] += g["dq"]
+            if "dsinks" in g:
+                dsinks += g["dsinks"]
             dk_step[:, ki * c:(ki + 1) * c] += g["dk"]
             dv_step[:, ki * c:(ki + 1) * c] += g["dv"]
         # The accumulator of this K/V was sent by the previous rank after its
@@ -259,53 +270,70 @@ def _ring_backward(p, q, k, v, out, lse, dout, slopes, group):
         if ring is not None:
             held = ring.wait()
     dk, dv = pending.wait()
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), _sum_dsinks(dsinks, sinks, group)
 
 
-def _a2a_forward(p, q, k, v, slopes, group):
+def _sum_dsinks(dsinks, sinks, group):
+    """Every rank's rows add to every head's sink gradient: an all_reduce."""
+    if dsinks is None:
+        return None
+    dist.all_reduce(dsinks, group=group)
+    return dsinks.to(sinks.dtype)
+
+
+def _a2a_forward(p, q, k, v, slopes, sinks, group):
     s = p["a2a_spec"]
     qf, kf, vf = (_seq_to_heads(x.contiguous(), p, group) for x in (q, k, v))
     extra = {} if slopes is None else {"alibi_slopes": _slopes_slice(slopes, p, s["heads_q"])}
+    extra.update(_sink_inputs(s, _slopes_slice(sinks, p, s["heads_q"])))
     of, lf = _core.forward(qf, kf, vf, **extra, **s)
     return _heads_to_seq(of, p, group), _rows_as_lse(_heads_to_seq(_lse_as_rows(lf).contiguous(), p, group))
 
 
-def _a2a_backward(p, q, k, v, out, lse, dout, slopes, group):
+def _a2a_backward(p, q, k, v, out, lse, dout, slopes, sinks, group):
     s = p["a2a_spec"]
     qf, kf, vf, of, df = (_seq_to_heads(x.contiguous(), p, group) for x in (q, k, v, out, dout))
     lf = _rows_as_lse(_seq_to_heads(_lse_as_rows(lse).contiguous(), p, group))
     extra = {} if slopes is None else {"alibi_slopes": _slopes_slice(slopes, p, s["heads_q"])}
+    extra.update(_sink_inputs(s, _slopes_slice(sinks, p, s["heads_q"])))
     g = _core.backward(qf, kf, vf, of, lf, df, **extra, **s)
-    return tuple(_heads_to_seq(g[n], p, group).to(x.dtype) for n, x in (("dq", q), ("dk", k), ("dv", v)))
+    grads = tuple(_heads_to_seq(g[n], p, group).to(x.dtype) for n, x in (("dq", q), ("dk", k), ("dv", v)))
+    dsinks = None
+    if "dsinks" in g:  # this rank's heads; the others' slots stay 0 for the all_reduce
+        h = s["heads_q"]
+        dsinks = torch.zeros(sinks.shape, dtype=torch.float64)
+        dsinks[p["rank"] * h:(p["rank"] + 1) * h] = g["dsinks"].double()
+    return grads + (_sum_dsinks(dsinks, sinks, group),)
 
 
 class _CpAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, p, group, q, k, v, slopes):
+    def forward(ctx, p, group, q, k, v, slopes, sinks):
         run = _ring_forward if p["strategy"] == "ring" else _a2a_forward
-        out, lse = run(p, q, k, v, slopes, group)
+        out, lse = run(p, q, k, v, slopes, sinks, group)
         ctx.p, ctx.group = p, group
-        ctx.save_for_backward(q, k, v, out, lse, slopes)
+        ctx.save_for_backward(q, k, v, out, lse, slopes, sinks)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, slopes = ctx.saved_tensors
+        q, k, v, out, lse, slopes, sinks = ctx.saved_tensors
         run = _ring_backward if ctx.p["strategy"] == "ring" else _a2a_backward
-        dq, dk, dv = run(ctx.p, q, k, v, out, lse, dout.contiguous(), slopes, ctx.group)
-        return None, None, dq, dk, dv, None
+        dq, dk, dv, dsinks = run(ctx.p, q, k, v, out, lse, dout.contiguous(), slopes, sinks, ctx.group)
+        return None, None, dq, dk, dv, None, dsinks
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Dict[str, Any], group,
               strategy: str = "auto", alibi_slopes: Optional[torch.Tensor] = None,
-              training: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+              training: Optional[bool] = None, sinks: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Context-parallel attention of this rank's rows q, k, v (bshd, local
     rows in the CP layout) under ``spec`` (attend spec fields of the local
     call: batch, heads, dims, mask, ...; seqlen_q/kv are replaced by the whole
     sequence). Returns (out, lse) of this rank's rows; out is differentiable
-    with respect to q, k and v (the distributed backward). Every rank of
-    ``group`` must call it with the same spec."""
+    with respect to q, k, v and ``sinks`` (the distributed backward). ``sinks``
+    (H) are the learnable sink logits of softmax_type="learnable", the same on
+    every rank. Every rank of ``group`` must call it with the same spec."""
     size, rank = _group_size_rank(group)
     if strategy not in STRATEGIES:
         _raise(InvalidArgumentError, "cp_strategy", strategy, "expected auto, ring or a2a")
@@ -318,18 +346,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Dict[str,
         _raise(InvalidArgumentError, "seqlen", f"{q.shape[1]} != {k.shape[1]}",
                "context parallelism needs as many local query rows as key rows")
     whole = dict(spec, layout="bshd", seqlen_q=q.shape[1] * size, seqlen_kv=k.shape[1] * size)
-    if whole.get("softmax_type", "vanilla") not in ("vanilla", None):
-        _raise(UnsupportedError, "softmax_type", whole["softmax_type"],
-               "attention sinks under a torch.distributed cp_group are not wired yet (the MPI engine has them)")
+    if (whole.get("softmax_type") == "learnable") != (sinks is not None):
+        _raise(InvalidArgumentError, "sinks", "set" if sinks is not None else "missing",
+               "learnable sink logits go with softmax_type='learnable', and only with it")
     if float(whole.get("dropout_p") or 0.0) > 0.0:
         # One mask for the whole problem: every rank must use rank 0's seed.
         seed = torch.tensor([int(whole.get("dropout_seed") or 0)], dtype=torch.int64)
         dist.broadcast(seed, _global_rank(group, 0), group=group)
         whole["dropout_seed"] = int(seed.item())
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
     mode = "training" if needs_grad or (training and torch.is_grad_enabled()) else "inference"
     p = plan(whole, mode, size=size, rank=rank, strategy=strategy)
     expect = sum(rows for _, _, rows in p["chunks"][rank])
     if q.shape[1] != expect:
         _raise(InvalidArgumentError, "q.shape[1]", q.shape[1], f"rank {rank} holds {expect} rows")
-    return _CpAttention.apply(p, group, q, k, v, alibi_slopes)
+    return _CpAttention.apply(p, group, q, k, v, alibi_slopes, sinks)

@@ -3,6 +3,8 @@
     ATTEND_BACKEND=name   ->  set_policy(force="name")
     ATTEND_DISABLE=a,b    ->  set_policy(disable=["a", "b"])
     ATTEND_LOG=info|debug ->  set_policy(log="info")
+    ATTEND_SELECT=autotune  ->  set_policy(select="autotune")
+    ATTEND_TUNE_CACHE=path  ->  set_policy(select="autotune", tune_cache="path")  ("off": memory only)
 
 The process starts from the environment; set_policy replaces the whole policy
 (and clears the selection cache); reset_policy() goes back to the environment.
@@ -15,34 +17,48 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 from . import _C
 
 
-def set_policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] = (), log: str = "off") -> None:
-    """Replaces the process-wide policy. Unknown backend names raise InvalidArgumentError."""
+def set_policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] = (), log: str = "off",
+               select: str = "priority", tune_cache: Optional[str] = None) -> None:
+    """Replaces the process-wide policy; every value is checked now (an unknown
+    backend name, log level or strategy raises InvalidArgumentError naming the
+    keyword). ``select``: "priority" (registered priorities, no measurement) or
+    "autotune" (the first problem of each tuning bucket times every viable plan
+    and keeps the fastest; docs/autotune.md). ``tune_cache``: autotune's result
+    file, "off" for memory only, None for the default
+    ($XDG_CACHE_HOME/attend/autotune.json). Backward always runs on the plan
+    its forward chose, whatever the policy says by then."""
     if isinstance(disable, str):
         disable = [d.strip() for d in disable.split(",") if d.strip()]
-    _C.set_policy(force, list(disable), log)
+    _C.set_policy(force, list(disable), log, select, tune_cache or "")
 
 
 def get_policy() -> Dict[str, Any]:
-    """The policy in force: {'force': str|None, 'disable': [str], 'log': 'off'|'info'|'debug'}."""
+    """The policy in force: {'force': str|None, 'disable': [str], 'log': 'off'|'info'|'debug',
+    'select': 'priority'|'autotune', 'tune_cache': str ('' = the default file)}."""
     return _C.get_policy()
+
+
+def _restore(p):
+    _C.set_policy(p["force"], p["disable"], p["log"], p["select"], p["tune_cache"])
 
 
 def reset_policy() -> None:
     """Back to the policy the environment describes."""
-    p = _C.policy_from_env()
-    _C.set_policy(p["force"], p["disable"], p["log"])
+    _restore(_C.policy_from_env())
 
 
 @contextlib.contextmanager
-def policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] = (),
-           log: str = "off") -> Iterator[None]:
-    """Temporarily sets the policy: ``with attend.policy(force="reference"): ...``."""
+def policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] = (), log: str = "off",
+           select: str = "priority", tune_cache: Optional[str] = None) -> Iterator[None]:
+    """Temporarily sets the policy (keywords as set_policy, checked on entry):
+    ``with attend.policy(force="reference"): ...`` or
+    ``with attend.policy(select="autotune", tune_cache="/tmp/tune.json"): ...``."""
     saved = get_policy()
-    set_policy(force, disable, log)
+    set_policy(force, disable, log, select, tune_cache)
     try:
         yield
     finally:
-        _C.set_policy(saved["force"], saved["disable"], saved["log"])
+        _restore(saved)
 
 
 def backends() -> List[str]:
@@ -76,6 +92,30 @@ class Explanation:
     def selected_variant(self):
         """The chosen variant of the selected backend (e.g. flash's "avx2"), or None."""
         return self.data.get("selected_variant")
+
+    @property
+    def strategy(self):
+        """How the choice was made: "priority" or "autotune"."""
+        return self.data.get("strategy", "priority")
+
+    @property
+    def tuning(self):
+        """Autotune: where the times came from ("measured now on ...", "from the
+        cache file ...") or why there are none; None under priority."""
+        return self.data.get("tuning")
+
+    @property
+    def seconds(self):
+        """Autotune's measured median seconds per (backend, variant) plan that
+        was timed (training: forward + backward); empty when nothing was timed."""
+        return {(b["name"], b["variant"]): b["seconds"] for b in self.data["backends"]
+                if b.get("seconds") is not None}
+
+    @property
+    def deferred(self):
+        """Per backend name, why it defers on this problem (a speed preference
+        the priority strategy ranks after the others), for those that do."""
+        return {name: v["deferred"] for name, v in self.verdicts.items() if v.get("deferred")}
 
     @property
     def verdicts(self):

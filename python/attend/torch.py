@@ -167,7 +167,7 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
         dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False,
-        **spec_fields: Any) -> torch.Tensor:
+        sinks: Optional[torch.Tensor] = None, **spec_fields: Any) -> torch.Tensor:
     """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x semantics):
     query (N..., L, E), key (N..., S, E), value (N..., S, Ev) -> (N..., L, Ev).
 
@@ -179,12 +179,16 @@ def scaled_dot_product_attention(
 
     ``**spec_fields``: further attend::AttentionSpec fields by name (attend.spec_fields()),
     e.g. q_offset/kv_offset, out_dtype="f32", need_lse, dropout_seed; a field the
-    arguments already decide (batch, dtype, causal, ...) is an InvalidArgumentError."""
+    arguments already decide (batch, dtype, causal, ...) is an InvalidArgumentError.
+
+    Attention sinks: ``sinks`` (H) float logits (gpt-oss style, learnable, with
+    gradient) add exp(sinks[h]) to each row's softmax denominator;
+    ``softmax_type="off_by_one"`` adds a sink logit 0 without a tensor."""
     problem, out_shape = _sdpa_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                        **spec_fields)
     if problem is None:  # an empty batch: nothing to compute, keep the graph connected
         return query.new_zeros(out_shape) + 0 * (query.sum() + key.sum() + value.sum())
-    return problem.run()[0]
+    return problem.with_sinks(sinks).run()[0]
 
 
 # --- flash_attn ---------------------------------------------------------------------------
@@ -220,8 +224,8 @@ def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, win
 def flash_attn_func(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
-        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, sinks: Optional[torch.Tensor] = None,
+        cp_group: Any = None, cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_func: q (B, Sq, H, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv)
     -> out (B, Sq, H, Dv). Causal and windows are bottom-right aligned; softcap,
     ALiBi (f32 slopes (H) or (B, H)), GQA/MQA (H % Hk == 0), dropout as in FA2.
@@ -231,18 +235,21 @@ def flash_attn_func(
     ``**spec_fields``: further attend::AttentionSpec fields by name (attend.spec_fields()),
     e.g. q_offset/kv_offset for a chunk of a longer sequence, out_dtype="f32",
     dropout_seed; one the arguments already decide is an InvalidArgumentError.
+    ``sinks``: (H) learnable sink logits (gpt-oss style; float32, float64 for
+    float64 q) added to each row's softmax denominator as exp(sinks[h]); its
+    gradient flows. ``softmax_type="off_by_one"`` is the tensor-free sink 0.
     ``cp_group``: a torch.distributed process group sharing the sequence (context
     parallelism, attend.parallel): q, k, v are this rank's rows in the CP layout
     (attend.parallel.shard), out likewise; ``cp_strategy`` "auto", "ring" or "a2a"."""
     problem = _flash_problem(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                             deterministic, **spec_fields)
+                             deterministic, **spec_fields).with_sinks(sinks)
     if cp_group is not None:
         from . import parallel
         if return_attn_probs and dropout_p > 0.0:
             _raise(UnsupportedError, "return_attn_probs", True,
                    "the dropout mask of a cp_group call spans the whole sequence, not this rank's rows")
         out, lse = parallel.attention(problem.q, problem.k, problem.v, problem.spec, cp_group, cp_strategy,
-                                      alibi_slopes)
+                                      alibi_slopes, sinks=problem.sinks)
     else:
         out, lse = problem.run()
     if not return_attn_probs:
@@ -256,23 +263,25 @@ def flash_attn_func(
 def flash_attn_qkvpacked_func(
         qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
-        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, sinks: Optional[torch.Tensor] = None,
+        cp_group: Any = None, cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_qkvpacked_func: qkv (B, S, 3, H, D); read in place (strided)."""
     _check_tensor(qkv, "qkv", (5,))
     return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
-                           softcap, alibi_slopes, deterministic, return_attn_probs, **spec_fields)
+                           softcap, alibi_slopes, deterministic, return_attn_probs, sinks=sinks, cp_group=cp_group,
+                           cp_strategy=cp_strategy, **spec_fields)
 
 
 def flash_attn_kvpacked_func(
         q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
-        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, sinks: Optional[torch.Tensor] = None,
+        cp_group: Any = None, cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_kvpacked_func: q (B, Sq, H, D), kv (B, Sk, 2, Hk, D)."""
     _check_tensor(kv, "kv", (5,))
     return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
-                           alibi_slopes, deterministic, return_attn_probs, **spec_fields)
+                           alibi_slopes, deterministic, return_attn_probs, sinks=sinks, cp_group=cp_group,
+                           cp_strategy=cp_strategy, **spec_fields)
 
 
 def _cu(t, name):
@@ -310,7 +319,7 @@ def flash_attn_varlen_func(
         max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
         deterministic: bool = False, return_attn_probs: bool = False, block_table: Optional[torch.Tensor] = None,
-        **spec_fields: Any) -> FlashResult:
+        sinks: Optional[torch.Tensor] = None, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_func: q (total_q, H, D), k (total_k, Hk, D),
     v (total_k, Hk, Dv), cu_seqlens int32 (B+1,); masks per sequence, bottom-right
     aligned; empty sequences allowed (their rows are 0, LSE -inf).
@@ -320,33 +329,33 @@ def flash_attn_varlen_func(
     problem = _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                               softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                               return_attn_probs, block_table, **spec_fields)
-    out, lse = problem.run()
+    out, lse = problem.with_sinks(sinks).run()
     return (out, lse, q.new_empty(0)) if return_attn_probs else out
 
 
 def flash_attn_varlen_qkvpacked_func(
         qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
-        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, sinks: Optional[torch.Tensor] = None,
+        **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_qkvpacked_func: qkv (total, 3, H, D)."""
     _check_tensor(qkv, "qkv", (4,))
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                                  deterministic, return_attn_probs, **spec_fields)
+                                  deterministic, return_attn_probs, sinks=sinks, **spec_fields)
 
 
 def flash_attn_varlen_kvpacked_func(
         q: torch.Tensor, kv: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
         max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
-        deterministic: bool = False, return_attn_probs: bool = False, cp_group: Any = None,
-        cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
+        deterministic: bool = False, return_attn_probs: bool = False, sinks: Optional[torch.Tensor] = None,
+        **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_kvpacked_func: q (total_q, H, D), kv (total_k, 2, Hk, D)."""
     _check_tensor(kv, "kv", (4,))
     return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                                  deterministic, return_attn_probs, **spec_fields)
+                                  deterministic, return_attn_probs, sinks=sinks, **spec_fields)
 
 
 # --- explain ------------------------------------------------------------------------------
@@ -366,10 +375,11 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, api: 
     table, ``.data`` the structured form, ``.selected`` the backend or None)."""
     if api not in _PROBLEMS:
         _raise(InvalidArgumentError, "api", api, f"expected one of {sorted(_PROBLEMS)}")
+    sinks = kwargs.pop("sinks", None)
     problem = _PROBLEMS[api](q, k, v, *args, **kwargs)
     if problem is None:
         _raise(InvalidArgumentError, "query.shape[0]", 0, "an empty batch has no problem to explain")
-    return problem.explain(mode)
+    return problem.with_sinks(sinks).explain(mode)
 
 
 # --- flash_attn_with_kvcache ---------------------------------------------------------------
@@ -399,7 +409,7 @@ def flash_attn_with_kvcache(
         block_table: Optional[torch.Tensor] = None, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
         alibi_slopes: Optional[torch.Tensor] = None, num_splits: int = 0, return_softmax_lse: bool = False,
-        **spec_fields: Any) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        sinks: Optional[torch.Tensor] = None, **spec_fields: Any) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """flash_attn.flash_attn_with_kvcache (inference): q (B, Sq, H, D); k_cache,
     v_cache (B_cache, S_cache, Hk, D) or, with block_table (B, max_pages) int32,
     page pools (num_blocks, page_block_size, Hk, D). k, v (B, S_new, Hk, D), when
@@ -408,7 +418,8 @@ def flash_attn_with_kvcache(
     (B,): each sequence's first valid token. cache_batch_idx (B,): the cache rows
     of a non-paged cache. Masks are bottom-right aligned to each sequence's keys.
     Returns out (B, Sq, H, Dv), and the LSE (B, H, Sq) with return_softmax_lse.
-    Rotary embedding is not supported (apply it to q/k before the call)."""
+    Rotary embedding is not supported (apply it to q/k before the call).
+    ``sinks``: (H) sink logits (gpt-oss style), as in flash_attn_func."""
     if rotary_cos is not None or rotary_sin is not None:
         _raise(UnsupportedError, "rotary_cos", "set", "attend applies no rotary embedding: rotate q and k first")
     _check_tensor(q, "q", (4,))
@@ -441,8 +452,11 @@ def flash_attn_with_kvcache(
                 window_left=left, window_right=right, softcap=float(softcap), alibi=alibi_slopes is not None,
                 kv_page_size=k_cache.shape[1], kv_leftpad=pad is not None)
     spec = with_fields(spec, spec_fields, "flash_attn_with_kvcache", not _compiling())
+    if sinks is not None:
+        problem = Problem(spec, q, k_cache, v_cache).with_sinks(sinks)
+        spec, sinks = problem.spec, problem.sinks.detach()
     tensors = dict(q=q.detach(), k=k_cache.detach(), v=v_cache.detach(), alibi_slopes=alibi_slopes,
-                   block_table=block_table, cache_seqlens=seqlens, cache_leftpad=pad)
+                   block_table=block_table, cache_seqlens=seqlens, cache_leftpad=pad, sinks=sinks)
     out, lse, _, _ = _autograd._native_forward(spec, "inference", tensors)
     return (out, lse) if return_softmax_lse else out
 

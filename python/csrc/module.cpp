@@ -17,6 +17,7 @@
 
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
+#include "attend/select.h"
 #include "kernel/philox.h"
 #include "parallel.h"
 #include "spec_dict.h"
@@ -35,10 +36,11 @@ Mode mode_from(const std::string& mode) {
 
 Role role_from(const std::string& role) {
   for (Role r : {Role::q, Role::k, Role::v, Role::out, Role::lse, Role::dout, Role::dq, Role::dk, Role::dv, Role::bias,
-                 Role::cu_seqlens_q, Role::cu_seqlens_kv}) {
+                 Role::cu_seqlens_q, Role::cu_seqlens_kv, Role::sinks, Role::dsinks}) {
     if (to_string(r) == role) return r;
   }
-  throw Error(ErrorCode::invalid_argument, "role", role, "expected q, k, v, out, lse, dout, dq, dk, dv or bias");
+  throw Error(ErrorCode::invalid_argument, "role", role,
+              "expected q, k, v, out, lse, dout, dq, dk, dv, bias, sinks or dsinks");
 }
 
 // (shape, dtype name) a tensor of `role` must have: what Python allocates
@@ -64,8 +66,10 @@ GradViews grads_of(const py::dict& grads) {
       g.dv = view_of(item.second, key);
     else if (key == "dbias")
       g.dbias = view_of(item.second, key);
+    else if (key == "dsinks")
+      g.dsinks = view_of(item.second, key);
     else
-      throw Error(ErrorCode::invalid_argument, key, "", "not a gradient (expected dq, dk, dv, dbias)");
+      throw Error(ErrorCode::invalid_argument, key, "", "not a gradient (expected dq, dk, dv, dbias, dsinks)");
   }
   return g;
 }
@@ -103,14 +107,33 @@ void call_backward(const Call& call, const py::handle& dout, const py::dict& gra
   attend::backward(call.ctx, d, options);
 }
 
-// Backward without a forward context (plans, partials, torch.library ops):
-// selects a training plan for the spec and writes the gradients.
+// The policy that pins backward to forward's (backend, variant): forced, with
+// nothing disabled, so a policy change after forward cannot move backward or
+// silently switch it off (forward's choice wins; a backend that cannot do the
+// pass still fails with its reasons).
+Policy pinned_policy(const std::string& plan) {
+  Policy p;
+  p.force = plan;
+  p.force_source = "forward's selection";
+  p.log = current_policy().log;
+  p.tune_cache = "off";
+  return p;
+}
+
+// Backward without a forward context (plans, partials, torch.library ops).
+// `plan` "backend:variant" (forward's choice) runs it there; empty selects a
+// training plan for the spec under the current policy.
 void backward_free(const py::dict& fields, const py::dict& tensors, const py::handle& out, const py::handle& lse,
-                   const py::handle& dout, const py::dict& grads) {
+                   const py::handle& dout, const py::dict& grads, const std::string& plan) {
   const AttentionSpec spec = spec_from_dict(fields);
   const Inputs in = inputs_of(tensors);
   CallOptions options;
   options.grads = grads_of(grads);
+  std::optional<Policy> pinned;
+  if (!plan.empty()) {
+    pinned = pinned_policy(plan);
+    options.policy = &*pinned;
+  }
   const TensorView o = view_of(out, "out"), l = view_of(lse, "lse"), d = view_of(dout, "dout");
   py::gil_scoped_release nogil;
   attend::backward(spec, in, o, l, d, options);
@@ -162,11 +185,13 @@ py::dict policy_dict(const Policy& p) {
   d["force"] = p.force ? py::cast(*p.force) : py::none();
   d["disable"] = p.disabled;
   d["log"] = p.log == LogLevel::off ? "off" : p.log == LogLevel::info ? "info" : "debug";
+  d["select"] = std::string(to_string(p.strategy));
+  d["tune_cache"] = p.tune_cache;
   return d;
 }
 
 void set_policy_from(const std::optional<std::string>& force, const std::vector<std::string>& disable,
-                     const std::string& log) {
+                     const std::string& log, const std::string& select, const std::string& tune_cache) {
   Policy p;
   p.force = force;
   p.disabled = disable;
@@ -180,6 +205,9 @@ void set_policy_from(const std::optional<std::string>& force, const std::vector<
   else if (log == "info") p.log = LogLevel::info;
   else if (log == "debug") p.log = LogLevel::debug;
   else throw Error(ErrorCode::invalid_argument, "log", log, "expected off, info or debug");
+  p.strategy = parse_strategy(select, "select");
+  p.strategy_source = "select";
+  p.tune_cache = tune_cache;
   set_policy(std::move(p));  // unknown backend names fail here, not at the next call
 }
 
@@ -344,7 +372,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("forward", &forward, py::arg("spec"), py::arg("mode"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
         "Runs forward into out and lse; returns the Call its backward runs from");
   m.def("backward", &backward_free, py::arg("spec"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
-        py::arg("dout"), py::arg("grads"), "Backward from forward's out and lse, without its context");
+        py::arg("dout"), py::arg("grads"), py::arg("plan") = std::string(),
+        "Backward from forward's out and lse, without its context; plan 'backend:variant' pins it there");
   m.def("merge", &merge_parts, py::arg("spec"), py::arg("parts"), py::arg("out"), py::arg("lse"),
         "Exact combination of partial results [(out, lse), ...] through their LSEs");
   m.def("expected", &expected, py::arg("spec"), py::arg("role"),
@@ -365,7 +394,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("seqlen_q"), py::arg("seqlen_kv"));
   m.def("get_policy", [] { return policy_dict(attend::current_policy()); });
   m.def("policy_from_env", [] { return policy_dict(attend::Policy::from_env()); });
-  m.def("set_policy", &set_policy_from, py::arg("force"), py::arg("disable"), py::arg("log"));
+  m.def("set_policy", &set_policy_from, py::arg("force"), py::arg("disable"), py::arg("log"),
+        py::arg("select") = std::string("priority"), py::arg("tune_cache") = std::string());
   m.def("backends", &backend_names);
   m.def("flash_isa", [] { return std::string(attend::flash_active_isa()); });
 }

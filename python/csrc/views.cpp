@@ -64,7 +64,8 @@ Inputs inputs_of(const py::dict& tensors) {
                                          &Inputs::cu_seqlens_kv,
                                          &Inputs::block_table,
                                          &Inputs::cache_seqlens,
-                                         &Inputs::cache_leftpad};
+                                         &Inputs::cache_leftpad,
+                                         &Inputs::sinks};
   const char* const names[] = {"q",
                                "k",
                                "v",
@@ -74,7 +75,8 @@ Inputs inputs_of(const py::dict& tensors) {
                                "cu_seqlens_kv",
                                "block_table",
                                "cache_seqlens",
-                               "cache_leftpad"};
+                               "cache_leftpad",
+                               "sinks"};
   for (const auto& item : tensors) {
     const std::string key = py::str(item.first);
     bool found = false;
@@ -85,7 +87,8 @@ Inputs inputs_of(const py::dict& tensors) {
       }
     }
     if (!found)
-      bad(key, "", "not an input of attend (expected q, k, v, bias, alibi_slopes, cu_seqlens_*, block_table, cache_*)");
+      bad(key, "",
+          "not an input of attend (expected q, k, v, bias, alibi_slopes, cu_seqlens_*, block_table, cache_*, sinks)");
   }
   return in;
 }

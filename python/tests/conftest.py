@@ -89,7 +89,7 @@ def restore_policy():
     import attend
     saved = attend.get_policy()
     yield
-    attend.set_policy(saved["force"], saved["disable"], saved["log"])
+    attend.set_policy(saved["force"], saved["disable"], saved["log"], saved["select"], saved["tune_cache"])
 
 
 def randn(*shape, seed=0, dtype=torch.float32):

@@ -30,8 +30,13 @@ CASES = [
     ("causal_a2a", 4, 4, True, "a2a", "module"),
     ("sbhd_causal_auto", 4, 4, True, "auto", "module_sbhd"),
     ("alibi_window", 4, 4, False, "ring", "flash_alibi_window"),
+    ("sinks_causal_ring", 4, 2, True, "ring", "flash_sinks"),
+    ("sinks_a2a", 4, 4, False, "a2a", "flash_sinks"),
+    ("sinks_window_ring", 4, 4, False, "ring", "flash_sinks_window"),
+    ("off_by_one_causal", 4, 4, True, "auto", "module_off_by_one"),
 ]
 SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+SINKS = torch.tensor([0.3, -1.0, 1.5, 0.0])
 
 
 def _free_port():
@@ -61,7 +66,17 @@ def _worker(rank, size, port, result_dir):
             name, h, hk, causal, strategy, api = case
             q, k, v, dout = _whole(case, size)
             ql, kl, vl, dl = (par.shard(t, causal=causal).requires_grad_(t is not dout) for t in (q, k, v, dout))
-            if api == "flash_alibi_window":
+            sinks = SINKS.clone().requires_grad_()
+            if api.startswith("flash_sinks"):
+                # The window hides every key of some ring blocks; the sink's block still runs.
+                window = (2, 1) if api.endswith("window") else (-1, -1)
+                out = at.flash_attn_func(ql, kl, vl, causal=causal, window_size=window, sinks=sinks,
+                                         cp_group=dist.group.WORLD, cp_strategy=strategy)
+            elif api == "module_off_by_one":
+                m = DotProductAttention(h, 16, num_gqa_groups=hk, qkv_format="bshd", attn_mask_type="causal",
+                                        softmax_type="off-by-one", cp_group=dist.group.WORLD, cp_strategy=strategy)
+                out = m(ql, kl, vl).view(2, ql.shape[1], h, 16)
+            elif api == "flash_alibi_window":
                 out = at.flash_attn_func(ql, kl, vl, window_size=(5, 3), alibi_slopes=SLOPES,
                                          cp_group=dist.group.WORLD, cp_strategy=strategy)
             elif api == "flash":
@@ -77,11 +92,13 @@ def _worker(rank, size, port, result_dir):
                 out = m(*(t.transpose(0, 1) for t in (ql, kl, vl))).transpose(0, 1).reshape(2, ql.shape[1], h, 16)
             out.backward(dl)
             results[name] = [par.unshard(t.detach(), causal=causal) for t in (out, ql.grad, kl.grad, vl.grad)]
+            if api.startswith("flash_sinks"):
+                results[name].append(sinks.grad)
         # Refused alike on every rank, before any exchange.
         q, k, v, _ = _whole(CASES[0], size)
         try:
-            at.flash_attn_func(*(par.shard(t) for t in (q, k, v)), cp_group=dist.group.WORLD,
-                               softmax_type="off_by_one")
+            at.flash_attn_func(*(par.shard(t) for t in (q, k, v)), dropout_p=0.1, return_attn_probs=True,
+                               cp_group=dist.group.WORLD)
             results["refusal"] = None
         except attend.UnsupportedError as e:
             results["refusal"] = (e.field, str(e))
@@ -97,6 +114,16 @@ def _reference(case, size):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     seq = q.shape[1]
     bias = None
+    sinks = SINKS.clone().requires_grad_()
+    if case[5].startswith("flash_sinks"):
+        window = (2, 1) if case[5].endswith("window") else (-1, -1)
+        out = at.flash_attn_func(*leaves, causal=causal, window_size=window, sinks=sinks)
+        out.backward(dout)
+        return [out.detach()] + [t.grad for t in leaves] + [sinks.grad], None
+    if case[5] == "module_off_by_one":
+        out = at.flash_attn_func(*leaves, causal=True, softmax_type="off_by_one")
+        out.backward(dout)
+        return [out.detach()] + [t.grad for t in leaves], None
     if case[5] == "flash_alibi_window":
         out = at.flash_attn_func(*leaves, window_size=(5, 3), alibi_slopes=SLOPES)
         i, j = torch.arange(seq).view(-1, 1), torch.arange(seq).view(1, -1)
@@ -115,14 +142,16 @@ def test_cp_group_forward_and_backward_equal_the_single_process_run(size):
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_worker, args=(size, _free_port(), d), nprocs=size, join=True)
         results = torch.load(os.path.join(d, f"cp{size}.pt"))
-    assert results["refusal"] is not None and results["refusal"][0] == "softmax_type", results["refusal"]
+    assert results["refusal"] is not None and results["refusal"][0] == "return_attn_probs", results["refusal"]
     for case in CASES:
         want, oracle = _reference(case, size)
         got = results[case[0]]
-        for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert len(got) == len(want), case[0]
+        for name, g, w in zip(("out", "dq", "dk", "dv", "dsinks"), got, want):
             err = (g - w).abs().max().item()
             assert err <= 2e-5, f"{case[0]} cp={size}: {name} differs from the single-process run by {err:.3e}"
-        assert (got[0].double() - oracle.double()).abs().max().item() <= 1e-4, case[0]
+        if oracle is not None:  # sinks: the single-process run is checked against autograd in test_sinks
+            assert (got[0].double() - oracle.double()).abs().max().item() <= 1e-4, case[0]
 
 
 def test_plan_exposes_verdicts_chunks_and_ring_blocks():

@@ -100,7 +100,10 @@ def test_the_ops_pass_torch_library_opcheck():
     spec = attend.torch._autograd.spec_text(dict(batch=1, seqlen_q=8, seqlen_kv=8, heads_q=2, heads_kv=2,
                                                  head_dim_qk=16, head_dim_v=16, layout="bshd"))
     torch.library.opcheck(torch.ops.attend.attention_forward.default,
-                          (q, k, v, None, None, None, None, spec, "training"))
+                          (q, k, v, None, None, None, None, None, spec, "training"))
+    z = randn(2, seed=5).requires_grad_(True)
+    torch.library.opcheck(torch.ops.attend.attention_forward.default,
+                          (q, k, v, None, None, None, None, z, spec + ";softmax_type=learnable", "training"))
 
 
 @pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
@@ -118,3 +121,20 @@ def test_dynamic_shapes_compile_and_match_eager():
         assert torch.equal(out, eager)
         for a, b in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(eager.sum(), (q, k, v))):
             assert torch.equal(a, b)
+
+
+def test_sinks_compile_fullgraph_with_gradient():
+    q, k, v = (randn(2, 5, 4, 16, seed=s).requires_grad_(True) for s in (40, 41, 42))
+    kk, vv = k[:, :, :2].detach().requires_grad_(True), v[:, :, :2].detach().requires_grad_(True)
+    z = randn(4, seed=43).requires_grad_(True)
+
+    def fn(q, k, v, z):
+        return flash_attn_func(q, k, v, causal=True, sinks=z)
+
+    eager = fn(q, kk, vv, z)
+    d_eager = torch.autograd.grad(eager.sum(), (q, kk, vv, z))
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, kk, vv, z)
+    d_out = torch.autograd.grad(out.sum(), (q, kk, vv, z))
+    assert torch.equal(out, eager)
+    for a, b in zip(d_out, d_eager):
+        assert torch.allclose(a, b, atol=1e-6)
