@@ -51,7 +51,18 @@ class Allocator {
 };
 
 // The host allocator used when none is given: 64-byte aligned operator new.
-// It serves Device::cpu() only (other devices: attend::Error).
+// It serves Device::cpu() only (other devices: attend::Error). Blocks of
+// 1 MiB and more are kept when freed, up to a bound, and handed out again for
+// the same rounded size: repeated calls then reuse memory whose pages are
+// already mapped, instead of page-faulting fresh ones (glibc maps blocks of
+// 32 MiB and more anew on every allocation). The bound is
+// ATTEND_HOST_CACHE_MB (MiB, read once; default 1024; 0 disables the cache).
 Allocator& host_allocator();
+
+// What the host allocator holds in freed, cached blocks, in bytes.
+std::size_t host_cache_bytes();
+// Returns the host allocator's cached blocks to the system (like
+// torch.cuda.empty_cache); memory in use is not affected.
+void host_cache_release();
 
 }  // namespace attend
