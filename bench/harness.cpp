@@ -10,6 +10,7 @@
 #include <ostream>
 #include <span>
 
+#include "attend/attention.h"
 #include "attend/backends/flash.h"
 #include "attend/backends/reference.h"
 #include "attend/error.h"
@@ -88,6 +89,25 @@ class Runner {
                                   std::to_string(opt_.reference_max_work) + " (request it with --force-reference)");
           continue;
         }
+        if (impl.is_api()) {
+          // What the public path selects (training when a backward is timed):
+          // its rows compare with that backend's harness rows.
+          const Mode mode =
+              std::ranges::find(opt_.passes, Pass::backward) != opt_.passes.end() ? Mode::training : Mode::inference;
+          try {
+            const Selection sel = select(s, mode);
+            report_.notes.push_back(to_string(impl) + " selects " + std::string(sel.backend->name()) + ":" +
+                                    sel.backend->variants()[static_cast<std::size_t>(sel.variant)].name + " for " +
+                                    problem_label(s) + " (" + std::string(to_string(mode)) + ")");
+          } catch (const Error& e) {
+            report_.notes.push_back(to_string(impl) + " skipped for " + problem_label(s) + ": " + e.detail());
+            continue;
+          }
+          p.passes = opt_.passes;
+          total_ += static_cast<int>(p.passes.size());
+          plan.push_back(std::move(p));
+          continue;
+        }
         if (impl.is_unfused() && !UnfusedAttention::check(s).ok()) {  // the same for every pass
           report_.notes.push_back("unfused skipped for " + problem_label(s) + ": " +
                                   UnfusedAttention::check(s).to_string());
@@ -114,6 +134,8 @@ class Runner {
     const std::int64_t pairs = detail::visible_pairs(s, in);
     if (p.impl.is_unfused()) {
       run_unfused(s, data, in, pairs, p.passes);
+    } else if (p.impl.is_api()) {
+      run_api(p.impl, s, data, in, pairs, p.passes);
     } else {
       run_backend(*backend(p.impl), p.impl, s, data, in, pairs, p.passes);
     }
@@ -192,6 +214,40 @@ class Runner {
     }
   }
 
+  // The public entry points in steady state (repeated calls): selection is
+  // cached, outputs and gradients are allocated by each call unless the impl
+  // is api:given; the workspace is always the runtime's own.
+  void run_api(const Impl& impl, const AttentionSpec& s, const ProblemTensors& data, const Inputs& in,
+               std::int64_t pairs, const std::vector<Pass>& passes) {
+    const bool given = impl == Impl::api_given;
+    const bool training = std::ranges::find(passes, Pass::backward) != passes.end();
+    const Mode mode = training ? Mode::training : Mode::inference;
+    Tensor out = zeros_with_last(in.q, s.head_dim_v), lse = lse_tensor(s);
+    CallOptions fo;
+    if (given) {
+      fo.out = out;
+      fo.lse = lse;
+    }
+    const Plan plan = Plan::make(s, mode);
+    for (const Pass pass : passes) {
+      if (pass == Pass::forward) {
+        measure(s, impl, pass, pairs, plan.workspace_bytes(pass), [&] { (void)forward(in, s, mode, fo); });
+        continue;
+      }
+      const ForwardResult fwd = forward(in, s, mode, fo);
+      TensorView dq_view = in.q;
+      dq_view.dtype = s.effective_dq_dtype();
+      const Tensor dq = Tensor::zeros_like(dq_view), dk = Tensor::zeros_like(in.k), dv = Tensor::zeros_like(in.v);
+      CallOptions bo;
+      if (given) {
+        bo.grads.dq = dq;
+        bo.grads.dk = dk;
+        bo.grads.dv = dv;
+      }
+      measure(s, impl, pass, pairs, plan.workspace_bytes(pass), [&] { (void)backward(fwd.ctx, data.dout, bo); });
+    }
+  }
+
   void run_unfused(const AttentionSpec& s, const ProblemTensors& data, const Inputs& in, std::int64_t pairs,
                    const std::vector<Pass>& passes) {
     UnfusedAttention u(s);
@@ -219,6 +275,8 @@ class Runner {
 const Impl Impl::flash{"flash", ""};
 const Impl Impl::reference{"reference", ""};
 const Impl Impl::unfused{"unfused", ""};
+const Impl Impl::api{"api", ""};
+const Impl Impl::api_given{"api", "given"};
 
 std::string to_string(const Impl& impl) {
   return impl.variant.empty() ? impl.backend : impl.backend + ":" + impl.variant;
@@ -226,12 +284,14 @@ std::string to_string(const Impl& impl) {
 
 Impl parse_impl(std::string_view text) {
   if (text == "unfused") return Impl::unfused;
+  if (text == "api") return Impl::api;
+  if (text == "api:given") return Impl::api_given;
   const auto colon = text.find(':');
   Impl impl{std::string(text.substr(0, colon)),
             colon == std::string_view::npos ? "" : std::string(text.substr(colon + 1))};
   const auto b = Registry::global().find(impl.backend);
   if (!b) {
-    std::string names = "unfused";
+    std::string names = "unfused, api, api:given";
     for (const auto& e : Registry::global().backends()) names += ", " + std::string(e.backend->name());
     throw Error(ErrorCode::invalid_argument, "impl", std::string(text),
                 "expected one of " + names + " (optionally name:variant)");

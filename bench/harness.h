@@ -22,17 +22,21 @@
 namespace attend::bench {
 
 // What a row measures: any registered backend (through the Backend interface),
-// optionally one of its variants ("flash:avx2"), or "unfused" (UnfusedAttention,
-// unfused.h). A new backend can be benchmarked without editing the harness.
+// optionally one of its variants ("flash:avx2"), "unfused" (UnfusedAttention,
+// unfused.h), or the public entry points ("api": attend::forward/backward,
+// selecting and allocating their outputs on every call; "api:given": the
+// caller passes out/lse/gradients in CallOptions). A new backend can be
+// benchmarked without editing the harness.
 struct Impl {
-  std::string backend;  // a registered backend's name, or "unfused"
-  std::string variant;  // one of its variants; empty: its default under the policy
-  static const Impl flash, reference, unfused;
+  std::string backend;  // a registered backend's name, "unfused" or "api"
+  std::string variant;  // one of its variants (api: "given"); empty: its default under the policy
+  static const Impl flash, reference, unfused, api, api_given;
   bool is_unfused() const { return backend == "unfused"; }
+  bool is_api() const { return backend == "api"; }
   bool operator==(const Impl&) const = default;
 };
-std::string to_string(const Impl& impl);  // "flash", "flash:avx2", "unfused"
-// "unfused", or a registered backend name with an optional ":variant"; throws
+std::string to_string(const Impl& impl);  // "flash", "flash:avx2", "unfused", "api:given"
+// "unfused", "api", "api:given", or a registered backend name with an optional ":variant"; throws
 // attend::Error(invalid_argument) naming the registered backends otherwise.
 Impl parse_impl(std::string_view text);
 

@@ -76,6 +76,19 @@ void print_target_summary(std::ostream& os, const Report& report, const std::vec
   line(os, "backward vs sgemm", ratio(bwd, &Row::vs_sgemm), targets.backward_vs_sgemm, "");
   line(os, "causal speedup forward", speedup(Pass::forward), targets.causal_speedup, "x");
   line(os, "causal speedup backward", speedup(Pass::backward), targets.causal_speedup, "x");
+  // Printed only when measured (--impls ...,api,api:given): the public path's overhead.
+  for (const Impl& api : {Impl::api, Impl::api_given}) {
+    for (const Pass pass : {Pass::forward, Pass::backward}) {
+      const Row* kernel = find(report, label, Impl::flash, pass);
+      const Row* pub = find(report, label, api, pass);
+      if (kernel == nullptr || pub == nullptr) continue;
+      const std::string what = to_string(api) +
+                               (api == Impl::api ? (pass == Pass::forward ? " forward" : " backward")
+                                                 : (pass == Pass::forward ? " fwd" : " bwd")) +
+                               " vs flash";
+      line(os, what.c_str(), kernel->timing.best_s / pub->timing.best_s, targets.api_vs_kernel, "");
+    }
+  }
 
   // Flat means the same bytes at every S: flash's scratch is per thread and
   // sized by the head dims only.

@@ -16,6 +16,9 @@ struct Targets {
   double forward_vs_unfused = 3.0;
   double backward_vs_sgemm = 0.60;
   double causal_speedup = 1.8;
+  // The public entry points (api, api:given rows) against the harness's
+  // direct backend call on the same problem: kernel time / public-path time.
+  double api_vs_kernel = 0.95;
 };
 
 // Uses the largest non-causal problem with a flash forward row (and its causal

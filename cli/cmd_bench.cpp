@@ -33,7 +33,7 @@ bool any_problem_flag(const CLI::App& sub, const BenchCommand& cmd) {
   for (const CLI::Option* opt : sub.get_options()) {
     if (opt->count() > 0 && opt->get_group() == "Problem") return true;
   }
-  return !cmd.seqlens.empty() || cmd.causal_sweep;
+  return !cmd.seqlens.empty() || cmd.causal_sweep || cmd.tokens > 0;
 }
 
 void reject_policy_flags(const ProblemFlags& f) {
@@ -72,11 +72,24 @@ std::vector<attend::AttentionSpec> problems_of(const BenchCommand& cmd, const Pr
   std::vector<attend::DType> dtypes;
   for (const std::string& d : cmd.dtypes) dtypes.push_back(attend::parse_dtype(d, "--dtypes"));
   if (dtypes.empty()) dtypes.push_back(base.spec.dtype);
+  if (cmd.tokens > 0 && (base.spec.varlen() || base.spec.paged())) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--tokens", std::to_string(cmd.tokens),
+                        "sets the batch of dense problems only");
+  }
   for (const std::int64_t s : seqlens) {
+    // --tokens keeps B*S (the work per row of attention) fixed across the sweep,
+    // so short sequences are measured on as many rows as long ones.
+    const std::int64_t seqlen = s > 0 ? s : base.spec.seqlen_q;
+    if (cmd.tokens > 0 && (cmd.tokens % seqlen != 0 || base.spec.seqlen_q != base.spec.seqlen_kv)) {
+      throw attend::Error(attend::ErrorCode::invalid_argument, "--tokens", std::to_string(cmd.tokens),
+                          "must be a multiple of every swept sequence length (seqlen " + std::to_string(seqlen) +
+                              ", seqlen_q = seqlen_kv)");
+    }
     for (const bool causal : cmd.causal_sweep ? std::vector<bool>{false, true} : std::vector<bool>{base.spec.causal}) {
       for (const attend::DType dt : dtypes) {  // dtypes innermost: compared rows sit side by side
         attend::AttentionSpec spec = base.spec;
         if (s > 0) spec.seqlen_q = spec.seqlen_kv = s;
+        if (cmd.tokens > 0) spec.batch = cmd.tokens / seqlen;
         spec.causal = causal;
         spec.dtype = dt;
         out.push_back(spec);
@@ -123,6 +136,10 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd) {
   const char* g = "Bench";
   sub->add_option("--seqlens", cmd.seqlens, "sweep: each value sets seqlen_q = seqlen_kv, e.g. 1024,4096")
       ->delimiter(',')->check(positive_int())->group(g);
+  sub->add_option("--tokens", cmd.tokens,
+                  "with --seqlens: batch = TOKENS / seqlen at each length (B*S fixed), e.g. 4096")
+      ->check(positive_int())
+      ->group(g);
   sub->add_flag("--causal-sweep", cmd.causal_sweep, "run every problem both non-causal and causal")->group(g);
   sub->add_option("--dtypes", cmd.dtypes,
                   "run every problem in each dtype, e.g. f32,bf16 (prints each dtype's speed-up over f32)")
@@ -130,7 +147,8 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd) {
   // Any registered backend (name or name:variant) or unfused; parse_impl checks
   // the names against the registry, so a new backend needs no edit here.
   sub->add_option("--impls", cmd.impls,
-                  "implementations: unfused, or registered backends as name or name:variant (e.g. flash:avx2)")
+                  "implementations: unfused, api (the public attend::forward/backward), api:given (outputs given), or "
+                  "registered backends as name or name:variant (e.g. flash:avx2)")
       ->delimiter(',')
       ->group(g)
       ->capture_default_str();

@@ -62,6 +62,7 @@ int run_tune(TuneCommand& cmd, const CLI::App& sub);
 struct BenchCommand {
   ProblemFlags problem;  // add_bench_command sets the target shape as the defaults
   std::vector<std::int64_t> seqlens;  // each sets seqlen_q = seqlen_kv
+  std::int64_t tokens = 0;            // > 0: batch = tokens / seqlen at every sweep point
   bool causal_sweep = false, summary = false, force_reference = false;
   std::vector<std::string> dtypes;  // each problem once per dtype (f32, bf16, f16); empty: --dtype
   std::vector<std::string> impls{"flash", "unfused"};
