@@ -5,9 +5,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 
 #include "attend/parallel_mpi.h"
 #include "check.h"
@@ -195,6 +197,22 @@ static int run_cp_ranks(RunCommand& cmd) {
   return code;
 }
 
+// Once one rank exits non-zero, mpirun kills the rest, and output they wrote
+// but mpirun had not yet forwarded may be lost (seen under load: one rank's
+// message missing). A bounded barrier after printing lets every rank that is
+// failing too print first; a rank that never arrives (an error it did not
+// share) costs at most the bound, never a hang.
+static void wait_for_the_others() {
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  int done = 0;
+  while (!done && std::chrono::steady_clock::now() < deadline) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 int run_cp(RunCommand& cmd) {
   const MpiSession mpi;
   try {
@@ -204,6 +222,7 @@ int run_cp(RunCommand& cmd) {
     // rank exits non-zero mpirun kills the rest, and a rank that had not yet
     // printed its (identical, agreed) error would end silently.
     std::cerr << "error: " << e.what() << std::endl;
+    wait_for_the_others();
     return kExitError;
   }
 }
