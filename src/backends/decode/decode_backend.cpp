@@ -16,6 +16,7 @@
 #include "cpu/threads.h"
 #include "kernel/f32_range.h"
 #include "runtime/builtin.h"
+#include "runtime/checked.h"
 
 namespace attend {
 namespace {
@@ -23,16 +24,6 @@ namespace {
 // Per-thread scratch above this is declined (a `memory` reason): rows of the
 // whole GQA group times the head dims must stay a cache-sized working set.
 constexpr std::int64_t kMaxScratchFloats = std::int64_t{1} << 24;
-
-
-std::size_t to_bytes(std::int64_t floats, std::int64_t copies) {
-  std::size_t r = 0;
-  if (floats < 0 || copies < 0 ||
-      __builtin_mul_overflow(static_cast<std::size_t>(floats), static_cast<std::size_t>(copies) * sizeof(float), &r)) {
-    return std::numeric_limits<std::size_t>::max();  // the allocation then fails as out_of_memory
-  }
-  return r;
-}
 
 std::vector<Variant> make_variants() {
   std::vector<Variant> v;
@@ -73,11 +64,13 @@ class DecodeBackend final : public Backend {
              std::to_string(kDecodeMaxHeadDim);
     });
     if (s.head_dim_qk <= kDecodeMaxHeadDim && s.head_dim_v <= kDecodeMaxHeadDim) {
-      const std::int64_t floats = decode::plan_splits(s).scratch_floats;
+      // The plan's sizes saturate; the message must use them, not recompute
+      // group_size * seqlen_q, which overflows for a huge varlen seqlen_q.
+      const decode::SplitPlan plan = decode::plan_splits(s);
+      const std::int64_t floats = plan.scratch_floats;
       sup.require(floats <= kMaxScratchFloats, ReasonCode::memory, [&] {
-        return "per-thread scratch of " + std::to_string(floats) + " floats for " +
-               std::to_string(s.group_size() * s.seqlen_q) + " query rows per kv head exceeds " +
-               std::to_string(kMaxScratchFloats);
+        return "per-thread scratch of " + std::to_string(floats) + " floats for " + std::to_string(plan.max_rows) +
+               " query rows per kv head exceeds " + std::to_string(kMaxScratchFloats);
       });
     }
   }
@@ -96,8 +89,8 @@ class DecodeBackend final : public Backend {
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target&) const override {
     if (pass == Pass::backward) return 0;
     const decode::SplitPlan plan = decode::plan_splits(s);
-    const std::size_t scratch = to_bytes(plan.scratch_floats, detail::thread_budget());
-    const std::size_t partial = to_bytes(plan.partial_floats, 1);
+    const std::size_t scratch = detail::sat_float_bytes(plan.scratch_floats, detail::thread_budget());
+    const std::size_t partial = detail::sat_float_bytes(plan.partial_floats, 1);
     std::size_t total = 0;
     if (__builtin_add_overflow(scratch, partial, &total)) return std::numeric_limits<std::size_t>::max();
     return total;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "runtime/checked.h"
+
 namespace attend::decode {
 
 namespace {
@@ -13,22 +15,14 @@ namespace {
 constexpr std::int64_t kMinSplitKeys = 256;
 constexpr std::int64_t kMaxSplits = 64;
 
-// The plan is computed by the support check, before any size is validated
-// against memory, so a huge varlen seqlen_q must saturate rather than overflow:
-// the saturated sizes then fail the scratch limit with a reason.
-std::int64_t sat_mul(std::int64_t a, std::int64_t b) {
-  std::int64_t r = 0;
-  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<std::int64_t>::max() : r;
-}
-
-std::int64_t sat_add(std::int64_t a, std::int64_t b) {
-  std::int64_t r = 0;
-  return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::int64_t>::max() : r;
-}
-
 }  // namespace
 
+// The plan is computed by the support check, before any size is validated
+// against memory, so a huge varlen seqlen_q saturates rather than overflows:
+// the saturated sizes then fail the scratch limit with a reason.
 SplitPlan plan_splits(const AttentionSpec& s) {
+  using detail::sat_add;
+  using detail::sat_mul;
   SplitPlan p;
   const std::int64_t sk = std::max<std::int64_t>(s.seqlen_kv, 1);
   p.split_len = std::max(kMinSplitKeys, round_up((sk + kMaxSplits - 1) / kMaxSplits, kBlockN));

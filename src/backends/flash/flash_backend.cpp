@@ -16,6 +16,7 @@
 #include "kernel/f32_range.h"
 #include "kernel/sink_grad.h"
 #include "runtime/builtin.h"
+#include "runtime/checked.h"
 
 namespace attend {
 namespace {
@@ -26,8 +27,11 @@ namespace {
 // the varlen maximum), e.g. 2 MiB per thread at seqlen 4096, head dim 128, no
 // GQA. An f32 dq (f32 problems, or spec.dq_dtype = f32) is accumulated in
 // place and needs none, so that workspace stays flat in the sequence length.
+// Saturating: a huge varlen seqlen_q then fails the workspace allocation as
+// out_of_memory instead of overflowing into a small one.
 std::int64_t dq_accum_floats(const AttentionSpec& s) {
-  return s.effective_dq_dtype() == DType::f32 ? 0 : s.group_size() * s.seqlen_q * s.head_dim_qk;
+  if (s.effective_dq_dtype() == DType::f32) return 0;
+  return detail::sat_mul(detail::sat_mul(s.group_size(), s.seqlen_q), s.head_dim_qk);
 }
 
 std::vector<Variant> make_variants() {
@@ -94,7 +98,7 @@ class FlashBackend final : public Backend {
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target& target) const override {
     const flash::KernelTable& k = table(target);
     const std::int64_t per_thread = pass == Pass::forward ? forward_floats(k, s) : backward_floats(k, s);
-    return static_cast<std::size_t>(per_thread) * sizeof(float) * static_cast<std::size_t>(detail::thread_budget());
+    return detail::sat_float_bytes(per_thread, detail::thread_budget());
   }
 
   void run_forward(const ForwardArgs& a) const override {
@@ -144,8 +148,9 @@ class FlashBackend final : public Backend {
   }
   static std::int64_t backward_floats(const flash::KernelTable& k, const AttentionSpec& s) {
     const flash::DtypeKernels& kd = k.for_dtype(s.dtype);
-    return k.backward_scratch(s.head_dim_qk, s.head_dim_v) + dq_accum_floats(s) +
-           (kd.backward_extra ? kd.backward_extra(s.head_dim_qk, s.head_dim_v) : 0);
+    return detail::sat_add(dq_accum_floats(s),
+                           k.backward_scratch(s.head_dim_qk, s.head_dim_v) +
+                               (kd.backward_extra ? kd.backward_extra(s.head_dim_qk, s.head_dim_v) : 0));
   }
 
   // Runs fn(task, scratch) for every task; each thread owns one scratch slice.

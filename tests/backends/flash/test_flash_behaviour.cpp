@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "attend/attend.h"
@@ -113,6 +114,24 @@ TEST(FlashBehaviour, WorkspaceIsIndependentOfSequenceLength) {
   for (Pass pass : {Pass::forward, Pass::backward}) {
     EXPECT_EQ(flash->workspace_bytes(spec(128, 128, 128), pass), flash->workspace_bytes(spec(65536, 65536, 128), pass));
   }
+}
+
+// The bf16 backward's dQ sum grows with the (varlen maximum) seqlen_q; a huge
+// one must size as "too large" (the allocation then fails as out_of_memory),
+// never overflow into a small workspace the kernel would write past.
+TEST(FlashBehaviour, HugeSeqlenQWorkspaceSaturatesInsteadOfOverflowing) {
+  auto flash = make_flash_backend();
+  AttentionSpec s = spec(128, 128, 192);
+  s.head_dim_v = 128;
+  s.dtype = DType::bf16;
+  const AttentionSpec base = s;
+  const std::size_t small = flash->workspace_bytes(base, Pass::backward);
+  for (const std::int64_t sq : {std::int64_t{44444444444444444}, INT64_MAX}) {
+    s.seqlen_q = sq;
+    EXPECT_EQ(flash->workspace_bytes(s, Pass::backward), std::numeric_limits<std::size_t>::max()) << sq;
+    EXPECT_EQ(flash->workspace_bytes(s, Pass::forward), flash->workspace_bytes(base, Pass::forward));
+  }
+  EXPECT_LT(small, std::size_t{1} << 30);
 }
 
 class FlashSelection : public ::testing::Test {
