@@ -119,7 +119,7 @@ inline void bf16_gemm(std::int64_t rows, std::int64_t cols, std::int64_t pairs, 
 }
 
 template <class S, bool kAmx>
-void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t hk, float* scratch) {
+void backward_head_bf16_gemm(const FlashParams& p, const BackwardTask& task, float* scratch) {
   static_assert(S::W == 16, "bf16-GEMM kernels are AVX-512 only");
   using Tr = KernelTraits<S>;
   using V = typename S::V;
@@ -127,6 +127,7 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   constexpr std::int64_t BM = Tr::bwd_m, BN = Tr::bwd_n;
   static_assert(BM % 32 == 0 && BN % 32 == 0);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const std::int64_t b = task.b, hk = task.hk;
   const detail::SeqSpan span = p.span(b);
   const std::int64_t dqk = p.dqk, dv = p.dv, dqp = round_up(dqk, S::W), dvp = round_up(dv, S::W);
   const std::int64_t kq = amx_pairs(dqk), kv = amx_pairs(dv);
@@ -157,7 +158,7 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   std::uint32_t* dsT2 = pT2 + BN * (BM / 2);
   std::uint32_t* dsb = dsT2 + BN * (BM / 2);
 
-  zero_dq_accum<S>(p, b, hk, span, scratch);  // this task owns these dQ rows
+  zero_dq_accum<S>(p, task, span, scratch);  // this task owns these dQ rows
 
   for (std::int64_t j0 = 0; j0 < span.kv_len; j0 += BN) {
     const std::int64_t n = std::min(BN, span.kv_len - j0), np = round_up(n, 32);
@@ -171,7 +172,7 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     std::fill(dk_acc, dk_acc + np * dqp, 0.0f);
     std::fill(dv_acc, dv_acc + np * dvp, 0.0f);
 
-    for (std::int64_t g = 0; g < p.group; ++g) {
+    for (std::int64_t g = task.g_begin; g < task.g_end; ++g) {
       const std::int64_t h = hk * p.group + g;
       for (std::int64_t i0 = 0; i0 < span.q_len; i0 += BM) {
         const std::int64_t m = std::min(BM, span.q_len - i0), mp = round_up(m, 32);
@@ -251,10 +252,10 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
         add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
       }
     }
-    store_kv_grads<S, bf16_t>(p, b, hk, span, j0, n, dk_acc, dqp, dv_acc, dvp);
+    emit_kv_grads<S, bf16_t>(p, task, span, j0, n, dk_acc, dqp, dv_acc, dvp);
   }
 
-  store_dq_accum<S, bf16_t>(p, b, hk, span, scratch);
+  store_dq_accum<S, bf16_t>(p, task, span, scratch);
   if constexpr (kAmx) _tile_release();
 }
 

@@ -1,8 +1,11 @@
 // Flash backward for one (batch, kv head): for each key block, sweep every
-// query block of every query head in the GQA group, recompute P from the saved
-// LSE, accumulate dK/dV in the tile and dQ in the output. One task owns all
-// writes to its dK/dV rows and its group's dQ rows, so the result is bitwise
-// identical for any thread count, with no atomics and no O(seqlen) buffers.
+// query block of every query head in the task's part of the GQA group,
+// recompute P from the saved LSE, accumulate dK/dV in the tile and dQ in the
+// output. One task owns all writes to its dK/dV rows and its heads' dQ rows,
+// with no atomics. A group split over several tasks (BackwardTask) writes f32
+// dK/dV shares instead, summed in a fixed order by store_kv_parts; the split
+// follows the spec, never the thread count, so the result is bitwise identical
+// for any thread count.
 //
 // K^T, V^T and K are packed once per key block (the softmax scale folded into
 // K^T, as the forward folds it into K, so that both form the same scores); Q and dO rows are copied into contiguous
@@ -97,26 +100,25 @@ float* dq_accum_row(const FlashParams& p, std::int64_t b, std::int64_t hk, const
 
 // With spec.accumulate_grads an f32 dq already holds the sum to add to.
 template <class S>
-void zero_dq_accum(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span, float* scratch) {
+void zero_dq_accum(const FlashParams& p, const BackwardTask& t, const detail::SeqSpan& span, float* scratch) {
   if (p.dq_f32 && p.accumulate) return;
-  for (std::int64_t g = 0; g < p.group; ++g) {
+  for (std::int64_t g = t.g_begin; g < t.g_end; ++g) {
     for (std::int64_t i = 0; i < span.q_len; ++i) {
-      float* row = dq_accum_row<S>(p, b, hk, span, scratch, g, i);
+      float* row = dq_accum_row<S>(p, t.b, t.hk, span, scratch, g, i);
       std::fill(row, row + p.dqk, 0.0f);
     }
   }
 }
 
-// Rounds the f32 dQ sum of task (b, hk) into dq (nothing to do when dq is f32).
+// Rounds the task's f32 dQ sum into dq (nothing to do when dq is f32).
 template <class S, class E>
-void store_dq_accum(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
-                    float* scratch) {
+void store_dq_accum(const FlashParams& p, const BackwardTask& t, const detail::SeqSpan& span, float* scratch) {
   if constexpr (!std::is_same_v<E, float>) {
     if (p.dq_f32) return;
-    for (std::int64_t g = 0; g < p.group; ++g) {
+    for (std::int64_t g = t.g_begin; g < t.g_end; ++g) {
       for (std::int64_t i = 0; i < span.q_len; ++i) {
-        store_grad_row<S>(p, p.dq_as<E>() + p.sdq.offset(b, span.q_begin + i, hk * p.group + g),
-                          dq_accum_row<S>(p, b, hk, span, scratch, g, i), p.dqk);
+        store_grad_row<S>(p, p.dq_as<E>() + p.sdq.offset(t.b, span.q_begin + i, t.hk * p.group + g),
+                          dq_accum_row<S>(p, t.b, t.hk, span, scratch, g, i), p.dqk);
       }
     }
   }
@@ -145,13 +147,53 @@ inline void store_kv_grads(const FlashParams& p, std::int64_t b, std::int64_t hk
   }
 }
 
+// The key block's dK/dV: stored, or copied into the task's share of a split group.
 template <class S, class E>
-void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float* scratch) {
+inline void emit_kv_grads(const FlashParams& p, const BackwardTask& t, const detail::SeqSpan& span, std::int64_t j0,
+                          std::int64_t n, const float* dk_acc, std::int64_t dqp, const float* dv_acc,
+                          std::int64_t dvp) {
+  if (!t.kv_part) {
+    store_kv_grads<S, E>(p, t.b, t.hk, span, j0, n, dk_acc, dqp, dv_acc, dvp);
+    return;
+  }
+  float* dk = t.kv_part + j0 * p.dqk;
+  float* dv = t.kv_part + t.kv_rows * p.dqk + j0 * p.dv;
+  for (std::int64_t j = 0; j < n; ++j) {
+    std::copy(dk_acc + j * dqp, dk_acc + j * dqp + p.dqk, dk + j * p.dqk);
+    std::copy(dv_acc + j * dvp, dv_acc + j * dvp + p.dv, dv + j * p.dv);
+  }
+}
+
+// dst[0, n) += src[0, n)
+template <class S>
+inline void add_into(float* dst, const float* src, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + S::W <= n; i += S::W) S::store(dst + i, S::add(S::load(dst + i), S::load(src + i)));
+  for (; i < n; ++i) dst[i] += src[i];
+}
+
+// A split group's dK/dV for key rows [j0, j0 + n): the shares summed into the
+// first in share order (a fixed order: bitwise reproducible), then stored.
+template <class S, class E>
+void store_kv_parts(const FlashParams& p, const BackwardTask& t, std::int64_t parts, std::int64_t j0, std::int64_t n) {
+  const std::int64_t part_floats = t.kv_rows * (p.dqk + p.dv);
+  float* dk = t.kv_part + j0 * p.dqk;
+  float* dv = t.kv_part + t.kv_rows * p.dqk + j0 * p.dv;
+  for (std::int64_t i = 1; i < parts; ++i) {
+    add_into<S>(dk, dk + i * part_floats, n * p.dqk);
+    add_into<S>(dv, dv + i * part_floats, n * p.dv);
+  }
+  store_kv_grads<S, E>(p, t.b, t.hk, p.span(t.b), j0, n, dk, p.dqk, dv, p.dv);
+}
+
+template <class S, class E>
+void backward_head(const FlashParams& p, const BackwardTask& task, float* scratch) {
   using Tr = KernelTraits<S>;
   using V = typename S::V;
   constexpr std::int64_t BM = Tr::bwd_m, BN = Tr::bwd_n;
   constexpr int MR = Tr::mr, NV = Tr::nv;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const std::int64_t b = task.b, hk = task.hk;
   const detail::SeqSpan span = p.span(b);
   const std::int64_t dqk = p.dqk, dv = p.dv, dqp = round_up(dqk, S::W), dvp = round_up(dv, S::W);
 
@@ -169,7 +211,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
   float* dsum = dq_tile + BM * dqp;    // BM         D_i = dO_i . O_i
   float* lse = dsum + BM;              // BM
 
-  zero_dq_accum<S>(p, b, hk, span, scratch);  // this task owns these dQ rows
+  zero_dq_accum<S>(p, task, span, scratch);  // this task owns these dQ rows
 
   for (std::int64_t j0 = 0; j0 < span.kv_len; j0 += BN) {
     const std::int64_t n = std::min(BN, span.kv_len - j0), n_pad = round_up(n, S::W);
@@ -183,7 +225,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
     std::fill(dk_acc, dk_acc + n * dqp, 0.0f);
     std::fill(dv_acc, dv_acc + n * dvp, 0.0f);
 
-    for (std::int64_t g = 0; g < p.group; ++g) {
+    for (std::int64_t g = task.g_begin; g < task.g_end; ++g) {
       const std::int64_t h = hk * p.group + g;
       for (std::int64_t i0 = 0; i0 < span.q_len; i0 += BM) {
         const std::int64_t m = std::min(BM, span.q_len - i0);
@@ -243,10 +285,10 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
       }
     }
-    store_kv_grads<S, E>(p, b, hk, span, j0, n, dk_acc, dqp, dv_acc, dvp);
+    emit_kv_grads<S, E>(p, task, span, j0, n, dk_acc, dqp, dv_acc, dvp);
   }
 
-  store_dq_accum<S, E>(p, b, hk, span, scratch);
+  store_dq_accum<S, E>(p, task, span, scratch);
 }
 
 }  // namespace attend::flash::ATTEND_FLASH_ISA

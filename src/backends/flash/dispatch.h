@@ -14,8 +14,12 @@ namespace attend::flash {
 struct DtypeKernels {
   // Forward of query block qb of (batch b, query head h).
   void (*forward_block)(const FlashParams&, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) = nullptr;
-  // Backward of (batch b, kv head hk) and its whole GQA group.
-  void (*backward_head)(const FlashParams&, std::int64_t b, std::int64_t hk, float* scratch) = nullptr;
+  // Backward of (batch b, kv head hk) for the task's query heads of its GQA group.
+  void (*backward_head)(const FlashParams&, const BackwardTask& task, float* scratch) = nullptr;
+  // Split group: stores the sum of the `parts` consecutive dK/dV shares that
+  // start at task.kv_part, for key rows [j0, j0 + n) of (task.b, task.hk).
+  void (*store_kv_parts)(const FlashParams&, const BackwardTask& task, std::int64_t parts, std::int64_t j0,
+                         std::int64_t n) = nullptr;
   // Floats per thread these kernels need beyond the table's forward_scratch /
   // backward_scratch (and the bf16/f16 dQ sum); null: none.
   std::int64_t (*forward_extra)(std::int64_t dqk, std::int64_t dv) = nullptr;

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attend/error.h"
@@ -32,6 +34,42 @@ namespace {
 std::int64_t dq_accum_floats(const AttentionSpec& s) {
   if (s.effective_dq_dtype() == DType::f32) return 0;
   return detail::sat_mul(detail::sat_mul(s.group_size(), s.seqlen_q), s.head_dim_qk);
+}
+
+// A backward task owns a (batch, kv head) and its GQA group's query heads.
+// With fewer such pairs than kBackwardTasks (B=1 MQA or absorbed MLA: one), the
+// group is split into equal slices of query heads whose f32 dK/dV shares are
+// summed afterwards (store_kv_parts): parallelism for O(seqlen_kv) memory, at
+// most the size of dK/dV in f32 per slice. The split depends on the spec only,
+// never on the thread count, so the result stays bitwise identical for any
+// thread count. kBackwardTasks covers the thread counts of the machines this
+// runs on; more cores would want more (a split by key blocks, with dQ shares).
+constexpr std::int64_t kBackwardTasks = 8;
+
+std::int64_t backward_splits(const AttentionSpec& s) {
+  const std::int64_t group = s.group_size(), pairs = detail::sat_mul(s.batch, s.heads_kv);
+  if (group == 1 || pairs >= kBackwardTasks) return 1;
+  const std::int64_t want = std::min(group, detail::ceil_div(kBackwardTasks, pairs));
+  std::int64_t best = 1;  // the largest divisor of the group within want: equal slices
+  for (std::int64_t d = 2; d <= want; ++d) {
+    if (group % d == 0) best = d;
+  }
+  return best;
+}
+
+// Floats of one slice's dK/dV share (seqlen_kv: the varlen maximum).
+std::int64_t kv_part_floats(const AttentionSpec& s) {
+  return detail::sat_mul(s.seqlen_kv, detail::sat_add(s.head_dim_qk, s.head_dim_v));
+}
+
+// Floats of all shares, ahead of the per-thread scratch in the workspace
+// (rounded to a cache line, so that the scratch stays aligned).
+std::int64_t kv_parts_floats(const AttentionSpec& s) {
+  const std::int64_t splits = backward_splits(s);
+  if (splits == 1) return 0;
+  const std::int64_t n =
+      detail::sat_mul(detail::sat_mul(detail::sat_mul(s.batch, s.heads_kv), splits), kv_part_floats(s));
+  return detail::sat_add(n, 15) / 16 * 16;
 }
 
 std::vector<Variant> make_variants() {
@@ -97,8 +135,11 @@ class FlashBackend final : public Backend {
 
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target& target) const override {
     const flash::KernelTable& k = table(target);
-    const std::int64_t per_thread = pass == Pass::forward ? forward_floats(k, s) : backward_floats(k, s);
-    return detail::sat_float_bytes(per_thread, detail::thread_budget());
+    if (pass == Pass::forward) return detail::sat_float_bytes(forward_floats(k, s), detail::thread_budget());
+    const std::size_t scratch = detail::sat_float_bytes(backward_floats(k, s), detail::thread_budget());
+    const std::size_t parts = detail::sat_float_bytes(kv_parts_floats(s), 1);
+    return scratch > std::numeric_limits<std::size_t>::max() - parts ? std::numeric_limits<std::size_t>::max()
+                                                                     : scratch + parts;
   }
 
   void run_forward(const ForwardArgs& a) const override {
@@ -127,9 +168,39 @@ class FlashBackend final : public Backend {
     const flash::DtypeKernels& kd = k.for_dtype(a.spec.dtype);
     const flash::FlashParams p = flash::make_backward_params(a);
     const std::size_t per_thread = static_cast<std::size_t>(backward_floats(k, a.spec));
-    run_parallel(a.workspace, per_thread, p.batch * p.heads_kv, [&](std::int64_t t, float* scratch) {
-      kd.backward_head(p, t / p.heads_kv, t % p.heads_kv, scratch);
-    });
+    const std::int64_t splits = backward_splits(a.spec), pairs = p.batch * p.heads_kv;
+    const std::int64_t part = kv_part_floats(a.spec), parts_floats = kv_parts_floats(a.spec);
+    float* parts = static_cast<float*>(a.workspace.data);
+    const Workspace scratch_ws{parts + parts_floats,
+                               a.workspace.bytes - static_cast<std::size_t>(parts_floats) * sizeof(float)};
+    // Task t: pair t / splits, slice t % splits of its group.
+    auto task_of = [&](std::int64_t t) {
+      const std::int64_t pair = t / splits, slice = t % splits;
+      flash::BackwardTask task{
+          pair / p.heads_kv, pair % p.heads_kv, slice * p.group / splits, (slice + 1) * p.group / splits,
+          nullptr,           p.seqlen_kv};
+      if (splits > 1) task.kv_part = parts + t * part;
+      return task;
+    };
+    run_parallel(scratch_ws, per_thread, pairs * splits,
+                 [&](std::int64_t t, float* scratch) { kd.backward_head(p, task_of(t), scratch); });
+    if (splits > 1) {
+      // Sum the shares per block of key rows, in parallel over pairs and blocks.
+      constexpr std::int64_t kRows = 64;
+      std::vector<std::pair<std::int64_t, std::int64_t>> blocks;  // (pair, first key row)
+      for (std::int64_t pair = 0; pair < pairs; ++pair) {
+        const std::int64_t kv_len = p.span(pair / p.heads_kv).kv_len;
+        for (std::int64_t j0 = 0; j0 < kv_len; j0 += kRows) blocks.emplace_back(pair, j0);
+      }
+      const auto count = static_cast<std::int64_t>(blocks.size());
+      const int threads = static_cast<int>(std::clamp<std::int64_t>(count, 1, detail::thread_budget()));
+#pragma omp parallel for schedule(static) num_threads(threads)
+      for (std::int64_t i = 0; i < count; ++i) {
+        const auto [pair, j0] = blocks[static_cast<std::size_t>(i)];
+        const std::int64_t kv_len = p.span(pair / p.heads_kv).kv_len;
+        kd.store_kv_parts(p, task_of(pair * splits), splits, j0, std::min(kRows, kv_len - j0));
+      }
+    }
     // The kernels' P = exp(s - LSE) already includes the sink through the LSE;
     // only the sink logits' own gradient is left.
     if (a.spec.softmax_type == SoftmaxType::learnable) detail::sink_gradient(a);

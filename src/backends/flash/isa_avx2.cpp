@@ -34,13 +34,14 @@ KernelTable kernels_avx2() {
   using detail::bf16_t;
   using detail::f16_t;
   namespace k = isa_avx2;
-  return {"avx2",
-          KernelTraits<SimdAvx2>::fwd_m,
-          {&k::forward_block<SimdAvx2, float>, &k::backward_head<SimdAvx2, float>},
-          {&k::forward_block<SimdAvx2, bf16_t>, &k::backward_head<SimdAvx2, bf16_t>},
-          {&k::forward_block<SimdAvx2, f16_t>, &k::backward_head<SimdAvx2, f16_t>},
-          &forward_scratch_floats<SimdAvx2>,
-          &backward_scratch_floats<SimdAvx2>};
+  return {
+      "avx2",
+      KernelTraits<SimdAvx2>::fwd_m,
+      {&k::forward_block<SimdAvx2, float>, &k::backward_head<SimdAvx2, float>, &k::store_kv_parts<SimdAvx2, float>},
+      {&k::forward_block<SimdAvx2, bf16_t>, &k::backward_head<SimdAvx2, bf16_t>, &k::store_kv_parts<SimdAvx2, bf16_t>},
+      {&k::forward_block<SimdAvx2, f16_t>, &k::backward_head<SimdAvx2, f16_t>, &k::store_kv_parts<SimdAvx2, f16_t>},
+      &forward_scratch_floats<SimdAvx2>,
+      &backward_scratch_floats<SimdAvx2>};
 }
 
 }  // namespace attend::flash

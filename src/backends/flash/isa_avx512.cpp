@@ -49,9 +49,12 @@ KernelTable kernels_avx512() {
   namespace k = isa_avx512;
   return {"avx512",
           KernelTraits<SimdAvx512>::fwd_m,
-          {&k::forward_block<SimdAvx512, float>, &k::backward_head<SimdAvx512, float>},
-          {&k::forward_block<SimdAvx512, bf16_t>, &k::backward_head<SimdAvx512, bf16_t>},
-          {&k::forward_block<SimdAvx512, f16_t>, &k::backward_head<SimdAvx512, f16_t>},
+          {&k::forward_block<SimdAvx512, float>, &k::backward_head<SimdAvx512, float>,
+           &k::store_kv_parts<SimdAvx512, float>},
+          {&k::forward_block<SimdAvx512, bf16_t>, &k::backward_head<SimdAvx512, bf16_t>,
+           &k::store_kv_parts<SimdAvx512, bf16_t>},
+          {&k::forward_block<SimdAvx512, f16_t>, &k::backward_head<SimdAvx512, f16_t>,
+           &k::store_kv_parts<SimdAvx512, f16_t>},
           &forward_scratch_floats<SimdAvx512>,
           &backward_scratch_floats<SimdAvx512>};
 }

@@ -31,9 +31,12 @@ KernelTable kernels_scalar() {
   namespace k = isa_scalar;
   return {"scalar",
           KernelTraits<SimdScalar>::fwd_m,
-          {&k::forward_block<SimdScalar, float>, &k::backward_head<SimdScalar, float>},
-          {&k::forward_block<SimdScalar, bf16_t>, &k::backward_head<SimdScalar, bf16_t>},
-          {&k::forward_block<SimdScalar, f16_t>, &k::backward_head<SimdScalar, f16_t>},
+          {&k::forward_block<SimdScalar, float>, &k::backward_head<SimdScalar, float>,
+           &k::store_kv_parts<SimdScalar, float>},
+          {&k::forward_block<SimdScalar, bf16_t>, &k::backward_head<SimdScalar, bf16_t>,
+           &k::store_kv_parts<SimdScalar, bf16_t>},
+          {&k::forward_block<SimdScalar, f16_t>, &k::backward_head<SimdScalar, f16_t>,
+           &k::store_kv_parts<SimdScalar, f16_t>},
           &forward_scratch_floats<SimdScalar>,
           &backward_scratch_floats<SimdScalar>};
 }

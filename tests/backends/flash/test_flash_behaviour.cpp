@@ -109,10 +109,51 @@ TEST(FlashBehaviour, CheckNamesEveryLimit) {
   EXPECT_EQ(bwd.reasons[0].code, ReasonCode::bias_grad);
 }
 
+// With at least 8 (batch, kv head) pairs, or no GQA group to split, backward
+// tasks own whole groups and the workspace is per-thread tiles only.
 TEST(FlashBehaviour, WorkspaceIsIndependentOfSequenceLength) {
   auto flash = make_flash_backend();
+  auto wide = [](std::int64_t sq, std::int64_t sk) {
+    AttentionSpec s = spec(sq, sk, 128);
+    s.batch = 4;  // 8 pairs
+    return s;
+  };
+  auto mha = [](std::int64_t sq, std::int64_t sk) {
+    AttentionSpec s = spec(sq, sk, 128);
+    s.batch = 1;
+    s.heads_kv = s.heads_q;  // no group
+    return s;
+  };
   for (Pass pass : {Pass::forward, Pass::backward}) {
-    EXPECT_EQ(flash->workspace_bytes(spec(128, 128, 128), pass), flash->workspace_bytes(spec(65536, 65536, 128), pass));
+    EXPECT_EQ(flash->workspace_bytes(wide(128, 128), pass), flash->workspace_bytes(wide(65536, 65536), pass));
+    EXPECT_EQ(flash->workspace_bytes(mha(128, 128), pass), flash->workspace_bytes(mha(65536, 65536), pass));
+  }
+}
+
+// Fewer pairs than that (B=1 MQA, absorbed MLA): the backward splits each
+// group into equal slices of query heads (a divisor of the group, up to 8
+// tasks) and holds one f32 dK/dV share per slice, so that both threads work.
+TEST(FlashBehaviour, BackwardSplitsAFewHeadGroupWithOneDkDvSharePerSlice) {
+  auto flash = make_flash_backend();
+  struct Case {
+    std::int64_t batch, heads_q, heads_kv, slices;
+  };
+  for (const Case c : {Case{1, 16, 1, 8}, Case{1, 4, 1, 4}, Case{2, 6, 2, 1}, Case{1, 12, 2, 3}, Case{3, 4, 2, 2}}) {
+    auto at = [&](std::int64_t sk) {
+      AttentionSpec s = spec(256, sk, 128);
+      s.batch = c.batch;
+      s.heads_q = c.heads_q;
+      s.heads_kv = c.heads_kv;
+      s.head_dim_v = 64;
+      return s;
+    };
+    const std::size_t share = sizeof(float) * (128 + 64);  // per key row and slice
+    const std::size_t expected =
+        c.slices == 1 ? 0 : static_cast<std::size_t>(c.batch * c.heads_kv * c.slices) * share * 1000;
+    EXPECT_EQ(flash->workspace_bytes(at(1300), Pass::backward) - flash->workspace_bytes(at(300), Pass::backward),
+              expected)
+        << c.batch << " " << c.heads_q << "/" << c.heads_kv;
+    EXPECT_EQ(flash->workspace_bytes(at(1300), Pass::forward), flash->workspace_bytes(at(300), Pass::forward));
   }
 }
 

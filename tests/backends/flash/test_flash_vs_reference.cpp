@@ -116,6 +116,15 @@ std::vector<FlashCase> cases() {
   c.heads_kv = 1;
   c.causal = true;
   v.push_back(c);
+  // 8 (batch, kv head) pairs: backward tasks own whole GQA groups (fewer pairs
+  // split a group into slices whose dK/dV shares are summed, as gqa_4_2 above).
+  c = make("varlen_gqa_8_pairs_unsplit", 0, 0, 64, 48);
+  c.lens_q = {40, 17, 0, 65};
+  c.lens_kv = {50, 17, 30, 80};
+  c.heads = 8;
+  c.heads_kv = 2;
+  c.causal = true;
+  v.push_back(c);
   // Varlen with an empty query sequence and an empty key sequence.
   c = make("varlen_empty", 0, 0, 64, 48);
   c.lens_q = {70, 0, 5, 33};
