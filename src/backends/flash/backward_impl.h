@@ -29,6 +29,7 @@
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
 #include "backends/flash/nonfinite_tile.h"
+#include "backends/flash/pack_tile.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
@@ -175,10 +176,8 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
     const std::int64_t n = std::min(BN, span.kv_len - j0), n_pad = round_up(n, S::W);
     const E* ksrc = static_cast<const E*>(p.k) + p.sk.offset(b, span.kv_begin + j0, hk);
     const E* vsrc = static_cast<const E*>(p.v) + p.sv.offset(b, span.kv_begin + j0, hk);
-    for (std::int64_t j = 0; j < n_pad; ++j) {
-      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = j < n ? detail::to_f32(ksrc[j * p.sk.s + d]) * p.scale : 0.0f;
-      for (std::int64_t d = 0; d < dv; ++d) vt[d * BN + j] = j < n ? detail::to_f32(vsrc[j * p.sv.s + d]) : 0.0f;
-    }
+    pack_transposed<S>(ksrc, p.sk.s, n, n_pad, dqk, p.scale, kt, BN);
+    pack_transposed<S>(vsrc, p.sv.s, n, n_pad, dv, 1.0f, vt, BN);
     padded_rows<S>(ksrc, p.sk.s, n, dqk, dqp, kblk);
     std::fill(dk_acc, dk_acc + n * dqp, 0.0f);
     std::fill(dv_acc, dv_acc + n * dvp, 0.0f);

@@ -22,6 +22,7 @@
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
 #include "backends/flash/nonfinite_tile.h"
+#include "backends/flash/pack_tile.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
@@ -69,12 +70,9 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   float* row_sum = row_max + BM;       // BM
   float* alpha = row_sum + BM;         // BM: rescale factor of this step
 
-  for (std::int64_t r = 0; r < mp; ++r) {
-    const E* src = r < m ? p.q_as<E>() + p.sq.offset(b, span.q_begin + i0 + r, h) : nullptr;
-    for (std::int64_t d = 0; d < dqk; ++d) qt[d * BM + r] = src ? detail::to_f32(src[d]) : 0.0f;
-    row_max[r] = kNegInf;
-    row_sum[r] = 0.0f;
-  }
+  pack_transposed<S>(p.q_as<E>() + p.sq.offset(b, span.q_begin + i0, h), p.sq.s, m, mp, dqk, 1.0f, qt, BM);
+  std::fill(row_max, row_max + mp, kNegInf);
+  std::fill(row_sum, row_sum + mp, 0.0f);
   std::fill(acc, acc + m * dvp, 0.0f);
 
   // Keys any row of the block can see: visible ranges only grow with i.
