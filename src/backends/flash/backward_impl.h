@@ -196,48 +196,60 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         softmax_grad_rows<S>(p, span, i0, doblk, dvp, p.out_as<E>() + p.so.offset(b, row0, h), p.so.s, m, dsum);
         for (std::int64_t r = 0; r < m; ++r) lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
 
+        // Only keys [j0 + c0, j0 + c0 + nk) of the block are seen by some row
+        // (visible ranges only move right as the row grows), so under a causal
+        // or window mask a diagonal tile stops at its last visible key, as the
+        // forward does: the columns left out would be -inf logits, zero P and
+        // dS, and their products exact zeros. [c0, c0 + nc) is that range
+        // widened to whole vectors; t_* point at its first column.
+        const std::int64_t c0 = std::max<std::int64_t>(0, first.begin - j0) / S::W * S::W;
+        const std::int64_t c1 = std::min(n, last.end - j0), nk = c1 - c0, nc = round_up(c1, S::W) - c0;
+        float *t_p = pt + c0, *t_ds = ds + c0, *t_th = th + c0;
+
         // Recompute logits exactly as the forward did, then P = exp(s - LSE).
         // A non-finite q or k shows in the raw scores, dO or v in dP, a bad
         // logit term in the LSE: any of them sends the tile to the visible-pair
         // products (nonfinite_tile.h).
-        gemm<S, MR, NV>(m, n_pad, dqk, MatA{qblk, dqp, 1}, kt, BN, pt, BN, false);
-        bool finite = tile_finite<S>(pt, m, n_pad, BN) && lse_and_d_clean(lse, dsum, m);
-        const Tile tile{b, h, i0, m, j0, n, span, pt, BN, false, m, n_pad};
-        finish_logits<S, E>(p, tile, p.softcap > 0 ? th : nullptr);
+        gemm<S, MR, NV>(m, nc, dqk, MatA{qblk, dqp, 1}, kt + c0, BN, t_p, BN, false);
+        bool finite = tile_finite<S>(t_p, m, nc, BN) && lse_and_d_clean(lse, dsum, m);
+        const Tile tile{b, h, i0, m, j0 + c0, nk, span, t_p, BN, false, m, nc};
+        finish_logits<S, E>(p, tile, p.softcap > 0 ? t_th : nullptr);
         for (std::int64_t r = 0; r < m; ++r) {
-          float* row = pt + r * BN;
+          float* row = t_p + r * BN;
           if (lse[r] == kNegInf) {  // empty row: contributes no gradient
-            std::fill(row, row + n_pad, 0.0f);
+            std::fill(row, row + nc, 0.0f);
             continue;
           }
           const V vl = S::set1(lse[r]);
-          for (std::int64_t j = 0; j < n_pad; j += S::W) S::store(row + j, S::exp(S::sub(S::load(row + j), vl)));
+          for (std::int64_t j = 0; j < nc; j += S::W) S::store(row + j, S::exp(S::sub(S::load(row + j), vl)));
         }
 
         // dP = (dO V^T) * keep/(1-p);  scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
-        gemm<S, MR, NV>(m, n_pad, dv, MatA{doblk, dvp, 1}, vt, BN, ds, BN, false);
-        finite = finite && tile_finite<S>(ds, m, n_pad, BN);
-        const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, n_pad};
+        gemm<S, MR, NV>(m, nc, dv, MatA{doblk, dvp, 1}, vt + c0, BN, t_ds, BN, false);
+        finite = finite && tile_finite<S>(t_ds, m, nc, BN);
+        const Tile dtile{b, h, i0, m, j0 + c0, nk, span, t_ds, BN, false, m, nc};
         if (p.dropout) apply_dropout(p, dtile);
         const V vscale = S::set1(p.scale);
         for (std::int64_t r = 0; r < m; ++r) {
           const V vd = S::set1(dsum[r]);
-          for (std::int64_t j = 0; j < n_pad; j += S::W) {
+          for (std::int64_t j = 0; j < nc; j += S::W) {
             const std::int64_t o = r * BN + j;
-            V g_s = S::mul(S::load(pt + o), S::sub(S::load(ds + o), vd));
-            if (p.softcap > 0) g_s = S::mul(g_s, S::load(th + o));
-            S::store(ds + o, S::mul(g_s, vscale));
+            V g_s = S::mul(S::load(t_p + o), S::sub(S::load(t_ds + o), vd));
+            if (p.softcap > 0) g_s = S::mul(g_s, S::load(t_th + o));
+            S::store(t_ds + o, S::mul(g_s, vscale));
           }
         }
         if (p.dropout) apply_dropout(p, tile);  // P -> P' for dV
 
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ += (scale dS) K
+        float *t_dv = dv_acc + c0 * dvp, *t_dk = dk_acc + c0 * dqp;
         if (finite) {
-          gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, doblk, dvp, dv_acc, dvp, true);
-          gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, qblk, dqp, dk_acc, dqp, true);
-          gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, kblk, dqp, dq_tile, dqp, false);
+          gemm<S, MR, NV>(nk, dvp, m, MatA{t_p, 1, BN}, doblk, dvp, t_dv, dvp, true);
+          gemm<S, MR, NV>(nk, dqp, m, MatA{t_ds, 1, BN}, qblk, dqp, t_dk, dqp, true);
+          gemm<S, MR, NV>(m, dqp, nk, MatA{t_ds, BN, 1}, kblk + c0 * dqp, dqp, dq_tile, dqp, false);
         } else {
-          visible_tile_products<S, E>(p, b, h, span, i0, m, j0, n, pt, ds, BN, lse, dv_acc, dvp, dk_acc, dqp, dq_tile);
+          visible_tile_products<S, E>(p, b, h, span, i0, m, j0 + c0, nk, t_p, t_ds, BN, lse, t_dv, dvp, t_dk, dqp,
+                                      dq_tile);
         }
         add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
       }
