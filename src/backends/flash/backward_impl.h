@@ -61,18 +61,12 @@ inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span,
 }
 
 // `rows` rows of `cols` elements (stride ld) widened into a zero-padded [rows x ldp] f32 block
-// (vector widening: this runs once per key block and query block).
+// with vector loads and stores (this runs once per key block and query block;
+// a memcpy per row costs a call and a size dispatch for a few hundred bytes).
 template <class S, class E>
-inline void padded_rows(const E* src, std::int64_t ld, std::int64_t rows, std::int64_t cols,
-                                std::int64_t ldp, float* dst) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    if constexpr (std::is_same_v<E, float>) {
-      std::copy(src + r * ld, src + r * ld + cols, dst + r * ldp);
-      std::fill(dst + r * ldp + cols, dst + (r + 1) * ldp, 0.0f);
-    } else {
-      copy_row<S>(src + r * ld, cols, dst + r * ldp, ldp);
-    }
-  }
+inline void padded_rows(const E* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::int64_t ldp,
+                        float* dst) {
+  for (std::int64_t r = 0; r < rows; ++r) copy_row<S>(src + r * ld, cols, dst + r * ldp, ldp);
 }
 
 // A gradient row from its f32 sum, rounded to E once; with
@@ -128,10 +122,8 @@ template <class S>
 inline void add_dq_tile(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
                         float* scratch, std::int64_t g, std::int64_t i0, std::int64_t m, const float* tile,
                         std::int64_t ldt) {
-  for (std::int64_t r = 0; r < m; ++r) {
-    float* dst = dq_accum_row<S>(p, b, hk, span, scratch, g, i0 + r);
-    for (std::int64_t d = 0; d < p.dqk; ++d) dst[d] += tile[r * ldt + d];
-  }
+  for (std::int64_t r = 0; r < m; ++r)
+    add_row<S>(dq_accum_row<S>(p, b, hk, span, scratch, g, i0 + r), tile + r * ldt, p.dqk);
 }
 
 // dK/dV of the key block's n rows [j0, j0 + n), from their f32 accumulators

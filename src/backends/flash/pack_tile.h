@@ -49,4 +49,14 @@ inline void pack_transposed(const E* src, std::int64_t ld, std::int64_t rows, st
   }
 }
 
+// dst[0, n) += src[0, n): the backward's dQ read-modify-write, once per tile
+// row. Written with vectors, as the compiler cannot tell dst (the user's dq)
+// from src apart and would guard its own vector loop with an overlap test.
+template <class S>
+inline void add_row(float* dst, const float* src, std::int64_t n) {
+  std::int64_t d = 0;
+  for (; d + S::W <= n; d += S::W) S::store(dst + d, S::add(S::load(dst + d), S::load(src + d)));
+  for (; d < n; ++d) dst[d] += src[d];
+}
+
 }  // namespace attend::flash::ATTEND_FLASH_ISA
