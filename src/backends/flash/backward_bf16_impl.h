@@ -189,6 +189,7 @@ void backward_head_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
           lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         }
         nan_unless_finite(dsum, m);
+        prefetch_next_block<S, bf16_t>(p, b, hk, span, scratch, BM, BN, g, i0, j0);
 
         // Keys [j0 + c0, j0 + c0 + nk) are the ones some row sees; a diagonal
         // tile stops at its last visible key (backward_impl.h). [c0, c0 + nc)

@@ -138,6 +138,54 @@ inline void store_kv_grads(const FlashParams& p, std::int64_t b, std::int64_t hk
   }
 }
 
+// Whether query block [i0, i0 + m) sees some key of [j0, j0 + n) (the
+// causal / window skip).
+inline bool block_sees(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0, std::int64_t m,
+                       std::int64_t j0, std::int64_t n) {
+  const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
+  return first.begin < j0 + n && last.end > j0 && last.end > first.begin;
+}
+
+// Rows of one head sit H*D elements apart in the user's tensors (4 KiB at
+// H = 16, D = 64: one L1 set, and too far apart for the hardware
+// prefetchers), so the first touch of every row stalled the Q/dO copies, the
+// dO . O dot and the dQ update, and K/V packing. While a tile computes, ask
+// for the rows of the next query block the loops visit after (g, i0) of key
+// block j0 — after a key block's last one, for the next key block's K and V
+// rows and its first query block.
+template <class S, class E>
+void prefetch_next_block(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
+                         float* scratch, std::int64_t bm, std::int64_t bn, std::int64_t g, std::int64_t i0,
+                         std::int64_t j0) {
+  std::int64_t n = std::min(bn, span.kv_len - j0);
+  bool next_keys = false;
+  for (i0 += bm;; i0 += bm) {
+    if (i0 >= span.q_len) {
+      i0 = 0;
+      if (++g == p.group) {
+        if (next_keys || j0 + bn >= span.kv_len) return;
+        next_keys = true;
+        g = 0;
+        j0 += bn;
+        n = std::min(bn, span.kv_len - j0);
+        for (std::int64_t j = j0; j < j0 + n; ++j) {
+          prefetch_row(p.k_row<E>(b, span, j, hk), p.dqk);
+          prefetch_row(p.v_row<E>(b, span, j, hk), p.dv);
+        }
+      }
+    }
+    if (block_sees(p, span, i0, std::min(bm, span.q_len - i0), j0, n)) break;
+  }
+  const std::int64_t h = hk * p.group + g, m = std::min(bm, span.q_len - i0);
+  for (std::int64_t r = 0; r < m; ++r) {
+    const std::int64_t row = span.q_begin + i0 + r;
+    prefetch_row(p.q_as<E>() + p.sq.offset(b, row, h), p.dqk);
+    prefetch_row(p.dout_as<E>() + p.sdo.offset(b, row, h), p.dv);
+    prefetch_row(p.out_as<E>() + p.so.offset(b, row, h), p.dv);
+    prefetch_row(dq_accum_row<S>(p, b, hk, span, scratch, g, i0 + r), p.dqk);
+  }
+}
+
 template <class S, class E>
 void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float* scratch) {
   using Tr = KernelTraits<S>;
@@ -187,6 +235,7 @@ void backward_head(const FlashParams& p, std::int64_t b, std::int64_t hk, float*
         padded_rows<S>(p.dout_as<E>() + p.sdo.offset(b, row0, h), p.sdo.s, m, dv, dvp, doblk);
         softmax_grad_rows<S>(p, span, i0, doblk, dvp, p.out_as<E>() + p.so.offset(b, row0, h), p.so.s, m, dsum);
         for (std::int64_t r = 0; r < m; ++r) lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
+        prefetch_next_block<S, E>(p, b, hk, span, scratch, BM, BN, g, i0, j0);
 
         // Only keys [j0 + c0, j0 + c0 + nk) of the block are seen by some row
         // (visible ranges only move right as the row grows), so under a causal
