@@ -26,6 +26,26 @@ struct SimdAvx2 {
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
   }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  // r[i][j] <- r[j][i] for an 8 x 8 block (see simd_avx512.h): pairs and 4 x 4
+  // blocks within 128-bit lanes, then the lanes.
+  static void transpose(V (&r)[W]) {
+    V t[W];
+    for (int i = 0; i < W; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < W; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int k = 0; k < 4; ++k) {
+      t[k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x20);
+      t[4 + k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x31);
+    }
+    for (int i = 0; i < W; ++i) r[i] = t[i];
+  }
   static float reduce_add(V v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

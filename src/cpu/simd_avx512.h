@@ -28,6 +28,35 @@ struct SimdAvx512 {
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
   }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  // r[i][j] <- r[j][i] for a 16 x 16 block: a strided gather of 256 elements
+  // becomes 16 loads, 64 shuffles and 16 stores. Pairs within 128-bit lanes,
+  // then 4 x 4 blocks within lanes, then the lanes themselves.
+  static void transpose(V (&r)[W]) {
+    V t[W];
+    for (int i = 0; i < W; i += 2) {
+      t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < W; i += 4) {
+      r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+      r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    // Lane l of r[4g + k] now holds rows 4g..4g+3 of column 4l + k.
+    for (int k = 0; k < 4; ++k) {
+      t[k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);
+      t[4 + k] = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xdd);
+      t[8 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
+      t[12 + k] = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xdd);
+    }
+    for (int k = 0; k < 4; ++k) {
+      r[k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0x88);
+      r[8 + k] = _mm512_shuffle_f32x4(t[k], t[8 + k], 0xdd);
+      r[4 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0x88);
+      r[12 + k] = _mm512_shuffle_f32x4(t[4 + k], t[12 + k], 0xdd);
+    }
+  }
   static float reduce_add(V v) { return _mm512_reduce_add_ps(v); }
   static float reduce_max(V v) { return _mm512_reduce_max_ps(v); }
   static V exp(V x) {

@@ -22,6 +22,8 @@ struct SimdScalar {
   static V fmadd(V a, V b, V c) { return a * b + c; }
   static float fmadd1(float a, float b, float c) { return fmadd(a, b, c); }
   static V max(V a, V b) { return std::max(a, b); }
+  // A 1 x 1 block is its own transpose (the kernels' packing loops call it per block).
+  static void transpose(V (&)[W]) {}
   static float reduce_add(V v) { return v; }
   static float reduce_max(V v) { return v; }
   // exp(x) with exp(-inf) = 0 exactly (masked scores must vanish).

@@ -190,65 +190,76 @@ void backward_head_bf16_gemm(const FlashParams& p, const BackwardTask& task, flo
           lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         }
         nan_unless_finite(dsum, m);
+        prefetch_next_block<S, bf16_t>(p, task, span, scratch, BM, BN, g, i0, j0);
+
+        // Keys [j0 + c0, j0 + c0 + nk) are the ones some row sees; a diagonal
+        // tile stops at its last visible key (backward_impl.h). [c0, c0 + nc)
+        // is that range widened to whole pairs of 16 words (AMX's tile width).
+        const std::int64_t c0 = std::max<std::int64_t>(0, first.begin - j0) / 32 * 32;
+        const std::int64_t c1 = std::min(n, last.end - j0), nk = c1 - c0, nc = round_up(c1, 32) - c0;
+        float *t_p = pt + c0, *t_ds = ds + c0, *t_th = th + c0;
 
         // S = Q K^T (scaled in f32), final logits, P = exp(s - LSE); padding rows 0.
         // Non-finite inputs show in S, dP, the LSE or D (backward_impl.h).
-        gemm(mp, np, kq, qb, kq, kt2, np, pt, BN, false);
-        bool finite = tile_finite<S>(pt, m, np, BN) && lse_and_d_clean(lse, dsum, m);
+        gemm(mp, nc, kq, qb, kq, kt2 + c0, np, t_p, BN, false);
+        bool finite = tile_finite<S>(t_p, m, nc, BN) && lse_and_d_clean(lse, dsum, m);
         const V vscale = S::set1(p.scale);
         for (std::int64_t r = 0; r < m; ++r) {
-          for (std::int64_t j = 0; j < np; j += S::W) S::store(pt + r * BN + j, S::mul(S::load(pt + r * BN + j), vscale));
+          for (std::int64_t j = 0; j < nc; j += S::W)
+            S::store(t_p + r * BN + j, S::mul(S::load(t_p + r * BN + j), vscale));
         }
-        const Tile tile{b, h, i0, m, j0, n, span, pt, BN, false, m, np};
-        finish_logits<S, bf16_t>(p, tile, p.softcap > 0 ? th : nullptr);
+        const Tile tile{b, h, i0, m, j0 + c0, nk, span, t_p, BN, false, m, nc};
+        finish_logits<S, bf16_t>(p, tile, p.softcap > 0 ? t_th : nullptr);
         for (std::int64_t r = 0; r < mp; ++r) {
-          float* row = pt + r * BN;
+          float* row = t_p + r * BN;
           if (r >= m || lse[r] == kNegInf) {
-            std::fill(row, row + np, 0.0f);
+            std::fill(row, row + nc, 0.0f);
             continue;
           }
           const V vl = S::set1(lse[r]);
-          for (std::int64_t j = 0; j < np; j += S::W) S::store(row + j, S::exp(S::sub(S::load(row + j), vl)));
+          for (std::int64_t j = 0; j < nc; j += S::W) S::store(row + j, S::exp(S::sub(S::load(row + j), vl)));
         }
 
         // dP = dO V^T (* keep/(1-p)); scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
-        gemm(mp, np, kv, dob, kv, vt2, np, ds, BN, false);
-        finite = finite && tile_finite<S>(ds, m, np, BN);
-        const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, np};
+        gemm(mp, nc, kv, dob, kv, vt2 + c0, np, t_ds, BN, false);
+        finite = finite && tile_finite<S>(t_ds, m, nc, BN);
+        const Tile dtile{b, h, i0, m, j0 + c0, nk, span, t_ds, BN, false, m, nc};
         if (p.dropout) apply_dropout(p, dtile);
         for (std::int64_t r = 0; r < mp; ++r) {
           if (r >= m) {
-            std::fill(ds + r * BN, ds + r * BN + np, 0.0f);
+            std::fill(t_ds + r * BN, t_ds + r * BN + nc, 0.0f);
             continue;
           }
           const V vd = S::set1(dsum[r]);
-          for (std::int64_t j = 0; j < np; j += S::W) {
+          for (std::int64_t j = 0; j < nc; j += S::W) {
             const std::int64_t o = r * BN + j;
-            V g_s = S::mul(S::load(pt + o), S::sub(S::load(ds + o), vd));
-            if (p.softcap > 0) g_s = S::mul(g_s, S::load(th + o));
-            S::store(ds + o, S::mul(g_s, vscale));
+            V g_s = S::mul(S::load(t_p + o), S::sub(S::load(t_ds + o), vd));
+            if (p.softcap > 0) g_s = S::mul(g_s, S::load(t_th + o));
+            S::store(t_ds + o, S::mul(g_s, vscale));
           }
         }
         if (p.dropout) apply_dropout(p, tile);  // P -> P' for dV
 
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ = (scale dS) K
+        float *t_dv = dv_acc + c0 * dvp, *t_dk = dk_acc + c0 * dqp;
         if (!finite) {
-          visible_tile_products<S, bf16_t>(p, b, h, span, i0, m, j0, n, pt, ds, BN, lse, dv_acc, dvp, dk_acc, dqp,
+          visible_tile_products<S, bf16_t>(p, b, h, span, i0, m, j0 + c0, nk, t_p, t_ds, BN, lse, t_dv, dvp, t_dk, dqp,
                                            dq_tile);
           add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
           continue;
         }
-        pair_columns(pt, BN, mp / 2, np, pT2, BM / 2);
-        pair_columns(ds, BN, mp / 2, np, dsT2, BM / 2);
-        gemm(np, dvp, round_up(mp / 2, 16), pT2, BM / 2, do2, dvp, dv_acc, dvp, true);
-        gemm(np, dqp, round_up(mp / 2, 16), dsT2, BM / 2, q2, dqp, dk_acc, dqp, true);
+        pair_columns(t_p, BN, mp / 2, nc, pT2, BM / 2);
+        pair_columns(t_ds, BN, mp / 2, nc, dsT2, BM / 2);
+        gemm(nc, dvp, round_up(mp / 2, 16), pT2, BM / 2, do2, dvp, t_dv, dvp, true);
+        gemm(nc, dqp, round_up(mp / 2, 16), dsT2, BM / 2, q2, dqp, t_dk, dqp, true);
         for (std::int64_t r = 0; r < mp; ++r) {
-          for (std::int64_t j = 0; j < np; j += 32) {
-            const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(ds + r * BN + j + 16), _mm512_loadu_ps(ds + r * BN + j));
+          for (std::int64_t j = 0; j < nc; j += 32) {
+            const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(t_ds + r * BN + j + 16),
+                                                           _mm512_loadu_ps(t_ds + r * BN + j));
             _mm512_storeu_si512(dsb + r * (BN / 2) + j / 2, w);
           }
         }
-        gemm(mp, dqp, np / 2, dsb, BN / 2, k2, dqp, dq_tile, dqp, false);
+        gemm(mp, dqp, nc / 2, dsb, BN / 2, k2 + c0 / 2 * dqp, dqp, dq_tile, dqp, false);
         add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
       }
     }

@@ -32,6 +32,7 @@
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
 #include "backends/flash/nonfinite_tile.h"
+#include "backends/flash/pack_tile.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
@@ -63,18 +64,12 @@ inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span,
 }
 
 // `rows` rows of `cols` elements (stride ld) widened into a zero-padded [rows x ldp] f32 block
-// (vector widening: this runs once per key block and query block).
+// with vector loads and stores (this runs once per key block and query block;
+// a memcpy per row costs a call and a size dispatch for a few hundred bytes).
 template <class S, class E>
-inline void padded_rows(const E* src, std::int64_t ld, std::int64_t rows, std::int64_t cols,
-                                std::int64_t ldp, float* dst) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    if constexpr (std::is_same_v<E, float>) {
-      std::copy(src + r * ld, src + r * ld + cols, dst + r * ldp);
-      std::fill(dst + r * ldp + cols, dst + (r + 1) * ldp, 0.0f);
-    } else {
-      copy_row<S>(src + r * ld, cols, dst + r * ldp, ldp);
-    }
-  }
+inline void padded_rows(const E* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::int64_t ldp,
+                        float* dst) {
+  for (std::int64_t r = 0; r < rows; ++r) copy_row<S>(src + r * ld, cols, dst + r * ldp, ldp);
 }
 
 // A gradient row from its f32 sum, rounded to E once; with
@@ -129,10 +124,8 @@ template <class S>
 inline void add_dq_tile(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
                         float* scratch, std::int64_t g, std::int64_t i0, std::int64_t m, const float* tile,
                         std::int64_t ldt) {
-  for (std::int64_t r = 0; r < m; ++r) {
-    float* dst = dq_accum_row<S>(p, b, hk, span, scratch, g, i0 + r);
-    for (std::int64_t d = 0; d < p.dqk; ++d) dst[d] += tile[r * ldt + d];
-  }
+  for (std::int64_t r = 0; r < m; ++r)
+    add_row<S>(dq_accum_row<S>(p, b, hk, span, scratch, g, i0 + r), tile + r * ldt, p.dqk);
 }
 
 // dK/dV of the key block's n rows [j0, j0 + n), from their f32 accumulators
@@ -144,6 +137,55 @@ inline void store_kv_grads(const FlashParams& p, std::int64_t b, std::int64_t hk
   for (std::int64_t j = 0; j < n; ++j) {
     store_grad_row<S>(p, p.dk_as<E>() + p.sdk.offset(b, span.kv_begin + j0 + j, hk), dk_acc + j * dqp, p.dqk);
     store_grad_row<S>(p, p.dv_as<E>() + p.sdv.offset(b, span.kv_begin + j0 + j, hk), dv_acc + j * dvp, p.dv);
+  }
+}
+
+// Whether query block [i0, i0 + m) sees some key of [j0, j0 + n) (the
+// causal / window skip).
+inline bool block_sees(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0, std::int64_t m,
+                       std::int64_t j0, std::int64_t n) {
+  const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
+  return first.begin < j0 + n && last.end > j0 && last.end > first.begin;
+}
+
+// Rows of one head sit H*D elements apart in the user's tensors (4 KiB at
+// H = 16, D = 64: one L1 set, and too far apart for the hardware
+// prefetchers), so the first touch of every row stalled the Q/dO copies, the
+// dO . O dot and the dQ update, and K/V packing. While a tile computes, ask
+// for the rows of the next query block the loops visit after (g, i0) of key
+// block j0 — after a key block's last one, for the next key block's K and V
+// rows and its first query block.
+template <class S, class E>
+void prefetch_next_block(const FlashParams& p, const BackwardTask& task, const detail::SeqSpan& span,
+                         float* scratch, std::int64_t bm, std::int64_t bn, std::int64_t g, std::int64_t i0,
+                         std::int64_t j0) {
+  const std::int64_t b = task.b, hk = task.hk;
+  std::int64_t n = std::min(bn, span.kv_len - j0);
+  bool next_keys = false;
+  for (i0 += bm;; i0 += bm) {
+    if (i0 >= span.q_len) {
+      i0 = 0;
+      if (++g == task.g_end) {
+        if (next_keys || j0 + bn >= span.kv_len) return;
+        next_keys = true;
+        g = task.g_begin;
+        j0 += bn;
+        n = std::min(bn, span.kv_len - j0);
+        for (std::int64_t j = j0; j < j0 + n; ++j) {
+          prefetch_row(p.k_row<E>(b, span, j, hk), p.dqk);
+          prefetch_row(p.v_row<E>(b, span, j, hk), p.dv);
+        }
+      }
+    }
+    if (block_sees(p, span, i0, std::min(bm, span.q_len - i0), j0, n)) break;
+  }
+  const std::int64_t h = hk * p.group + g, m = std::min(bm, span.q_len - i0);
+  for (std::int64_t r = 0; r < m; ++r) {
+    const std::int64_t row = span.q_begin + i0 + r;
+    prefetch_row(p.q_as<E>() + p.sq.offset(b, row, h), p.dqk);
+    prefetch_row(p.dout_as<E>() + p.sdo.offset(b, row, h), p.dv);
+    prefetch_row(p.out_as<E>() + p.so.offset(b, row, h), p.dv);
+    prefetch_row(dq_accum_row<S>(p, b, hk, span, scratch, g, i0 + r), p.dqk);
   }
 }
 
@@ -217,10 +259,8 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
     const std::int64_t n = std::min(BN, span.kv_len - j0), n_pad = round_up(n, S::W);
     const E* ksrc = static_cast<const E*>(p.k) + p.sk.offset(b, span.kv_begin + j0, hk);
     const E* vsrc = static_cast<const E*>(p.v) + p.sv.offset(b, span.kv_begin + j0, hk);
-    for (std::int64_t j = 0; j < n_pad; ++j) {
-      for (std::int64_t d = 0; d < dqk; ++d) kt[d * BN + j] = j < n ? detail::to_f32(ksrc[j * p.sk.s + d]) * p.scale : 0.0f;
-      for (std::int64_t d = 0; d < dv; ++d) vt[d * BN + j] = j < n ? detail::to_f32(vsrc[j * p.sv.s + d]) : 0.0f;
-    }
+    pack_transposed<S>(ksrc, p.sk.s, n, n_pad, dqk, p.scale, kt, BN);
+    pack_transposed<S>(vsrc, p.sv.s, n, n_pad, dv, 1.0f, vt, BN);
     padded_rows<S>(ksrc, p.sk.s, n, dqk, dqp, kblk);
     std::fill(dk_acc, dk_acc + n * dqp, 0.0f);
     std::fill(dv_acc, dv_acc + n * dvp, 0.0f);
@@ -238,49 +278,62 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
         padded_rows<S>(p.dout_as<E>() + p.sdo.offset(b, row0, h), p.sdo.s, m, dv, dvp, doblk);
         softmax_grad_rows<S>(p, span, i0, doblk, dvp, p.out_as<E>() + p.so.offset(b, row0, h), p.so.s, m, dsum);
         for (std::int64_t r = 0; r < m; ++r) lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
+        prefetch_next_block<S, E>(p, task, span, scratch, BM, BN, g, i0, j0);
+
+        // Only keys [j0 + c0, j0 + c0 + nk) of the block are seen by some row
+        // (visible ranges only move right as the row grows), so under a causal
+        // or window mask a diagonal tile stops at its last visible key, as the
+        // forward does: the columns left out would be -inf logits, zero P and
+        // dS, and their products exact zeros. [c0, c0 + nc) is that range
+        // widened to whole vectors; t_* point at its first column.
+        const std::int64_t c0 = std::max<std::int64_t>(0, first.begin - j0) / S::W * S::W;
+        const std::int64_t c1 = std::min(n, last.end - j0), nk = c1 - c0, nc = round_up(c1, S::W) - c0;
+        float *t_p = pt + c0, *t_ds = ds + c0, *t_th = th + c0;
 
         // Recompute logits exactly as the forward did, then P = exp(s - LSE).
         // A non-finite q or k shows in the raw scores, dO or v in dP, a bad
         // logit term in the LSE: any of them sends the tile to the visible-pair
         // products (nonfinite_tile.h).
-        gemm<S, MR, NV>(m, n_pad, dqk, MatA{qblk, dqp, 1}, kt, BN, pt, BN, false);
-        bool finite = tile_finite<S>(pt, m, n_pad, BN) && lse_and_d_clean(lse, dsum, m);
-        const Tile tile{b, h, i0, m, j0, n, span, pt, BN, false, m, n_pad};
-        finish_logits<S, E>(p, tile, p.softcap > 0 ? th : nullptr);
+        gemm<S, MR, NV>(m, nc, dqk, MatA{qblk, dqp, 1}, kt + c0, BN, t_p, BN, false);
+        bool finite = tile_finite<S>(t_p, m, nc, BN) && lse_and_d_clean(lse, dsum, m);
+        const Tile tile{b, h, i0, m, j0 + c0, nk, span, t_p, BN, false, m, nc};
+        finish_logits<S, E>(p, tile, p.softcap > 0 ? t_th : nullptr);
         for (std::int64_t r = 0; r < m; ++r) {
-          float* row = pt + r * BN;
+          float* row = t_p + r * BN;
           if (lse[r] == kNegInf) {  // empty row: contributes no gradient
-            std::fill(row, row + n_pad, 0.0f);
+            std::fill(row, row + nc, 0.0f);
             continue;
           }
           const V vl = S::set1(lse[r]);
-          for (std::int64_t j = 0; j < n_pad; j += S::W) S::store(row + j, S::exp(S::sub(S::load(row + j), vl)));
+          for (std::int64_t j = 0; j < nc; j += S::W) S::store(row + j, S::exp(S::sub(S::load(row + j), vl)));
         }
 
         // dP = (dO V^T) * keep/(1-p);  scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
-        gemm<S, MR, NV>(m, n_pad, dv, MatA{doblk, dvp, 1}, vt, BN, ds, BN, false);
-        finite = finite && tile_finite<S>(ds, m, n_pad, BN);
-        const Tile dtile{b, h, i0, m, j0, n, span, ds, BN, false, m, n_pad};
+        gemm<S, MR, NV>(m, nc, dv, MatA{doblk, dvp, 1}, vt + c0, BN, t_ds, BN, false);
+        finite = finite && tile_finite<S>(t_ds, m, nc, BN);
+        const Tile dtile{b, h, i0, m, j0 + c0, nk, span, t_ds, BN, false, m, nc};
         if (p.dropout) apply_dropout(p, dtile);
         const V vscale = S::set1(p.scale);
         for (std::int64_t r = 0; r < m; ++r) {
           const V vd = S::set1(dsum[r]);
-          for (std::int64_t j = 0; j < n_pad; j += S::W) {
+          for (std::int64_t j = 0; j < nc; j += S::W) {
             const std::int64_t o = r * BN + j;
-            V g_s = S::mul(S::load(pt + o), S::sub(S::load(ds + o), vd));
-            if (p.softcap > 0) g_s = S::mul(g_s, S::load(th + o));
-            S::store(ds + o, S::mul(g_s, vscale));
+            V g_s = S::mul(S::load(t_p + o), S::sub(S::load(t_ds + o), vd));
+            if (p.softcap > 0) g_s = S::mul(g_s, S::load(t_th + o));
+            S::store(t_ds + o, S::mul(g_s, vscale));
           }
         }
         if (p.dropout) apply_dropout(p, tile);  // P -> P' for dV
 
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ += (scale dS) K
+        float *t_dv = dv_acc + c0 * dvp, *t_dk = dk_acc + c0 * dqp;
         if (finite) {
-          gemm<S, MR, NV>(n, dvp, m, MatA{pt, 1, BN}, doblk, dvp, dv_acc, dvp, true);
-          gemm<S, MR, NV>(n, dqp, m, MatA{ds, 1, BN}, qblk, dqp, dk_acc, dqp, true);
-          gemm<S, MR, NV>(m, dqp, n, MatA{ds, BN, 1}, kblk, dqp, dq_tile, dqp, false);
+          gemm<S, MR, NV>(nk, dvp, m, MatA{t_p, 1, BN}, doblk, dvp, t_dv, dvp, true);
+          gemm<S, MR, NV>(nk, dqp, m, MatA{t_ds, 1, BN}, qblk, dqp, t_dk, dqp, true);
+          gemm<S, MR, NV>(m, dqp, nk, MatA{t_ds, BN, 1}, kblk + c0 * dqp, dqp, dq_tile, dqp, false);
         } else {
-          visible_tile_products<S, E>(p, b, h, span, i0, m, j0, n, pt, ds, BN, lse, dv_acc, dvp, dk_acc, dqp, dq_tile);
+          visible_tile_products<S, E>(p, b, h, span, i0, m, j0 + c0, nk, t_p, t_ds, BN, lse, t_dv, dvp, t_dk, dqp,
+                                      dq_tile);
         }
         add_dq_tile<S>(p, b, hk, span, scratch, g, i0, m, dq_tile, dqp);
       }

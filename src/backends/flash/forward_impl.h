@@ -22,6 +22,7 @@
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
 #include "backends/flash/nonfinite_tile.h"
+#include "backends/flash/pack_tile.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
@@ -69,16 +70,19 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   float* row_sum = row_max + BM;       // BM
   float* alpha = row_sum + BM;         // BM: rescale factor of this step
 
-  for (std::int64_t r = 0; r < mp; ++r) {
-    const E* src = r < m ? p.q_as<E>() + p.sq.offset(b, span.q_begin + i0 + r, h) : nullptr;
-    for (std::int64_t d = 0; d < dqk; ++d) qt[d * BM + r] = src ? detail::to_f32(src[d]) : 0.0f;
-    row_max[r] = kNegInf;
-    row_sum[r] = 0.0f;
-  }
-  std::fill(acc, acc + m * dvp, 0.0f);
-
   // Keys any row of the block can see: visible ranges only grow with i.
   const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
+  // The first K/V block is asked for before Q is packed, so that its loads
+  // overlap the packing's (later blocks are prefetched one block ahead below).
+  for (std::int64_t j = first.begin; j < std::min(first.begin + BN, last.end); ++j) {
+    prefetch_row(p.k_row<E>(b, span, j, hk), dqk);
+    prefetch_row(p.v_row<E>(b, span, j, hk), dv);
+  }
+  pack_transposed<S>(p.q_as<E>() + p.sq.offset(b, span.q_begin + i0, h), p.sq.s, m, mp, dqk, 1.0f, qt, BM);
+  std::fill(row_max, row_max + mp, kNegInf);
+  std::fill(row_sum, row_sum + mp, 0.0f);
+  std::fill(acc, acc + m * dvp, 0.0f);
+
   const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
   // The scale goes on K, as in the backward's S = Q (scale K)^T: each score is
   // then formed from the same products in the same order in both passes, the
