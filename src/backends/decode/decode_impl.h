@@ -101,8 +101,11 @@ inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, 
 template <int R, class E>
 inline void pv_rows(const float* p, const E* const* v, std::int64_t n, std::int64_t dv, float* acc,
                     std::int64_t lda) {
+  // R * NV accumulators plus NV loaded vectors must fit the register file
+  // (16 on AVX2, 32 on AVX-512).
+  constexpr int NV = W == 8 && R > 2 ? 2 : 4;
   const std::int64_t dvec = dv / W * W;
-  std::int64_t d = pv_panel<R, 4, E>(0, dvec, p, v, n, acc, lda);
+  std::int64_t d = pv_panel<R, NV, E>(0, dvec, p, v, n, acc, lda);
   d = pv_panel<R, 1, E>(d, dvec, p, v, n, acc, lda);
   for (; d < dv; ++d) {
     for (int r = 0; r < R; ++r) {
@@ -252,9 +255,23 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
     const detail::KeyRange vis = p.keys(b, r / g);
     return vis.begin > j0 || vis.end < j0 + n;
   };
+  const auto full = [&](std::int64_t r0, std::int64_t count) {
+    if (r0 + count > m) return false;
+    for (std::int64_t r = r0; r < r0 + count; ++r) {
+      if (partial(r)) return false;
+    }
+    return true;
+  };
+  // Rows go four at a time where they can, so each V row is read once per
+  // four query rows and applied to all of them from registers.
   std::int64_t r = 0;
   while (r < m) {
-    if (r + 2 <= m && !partial(r) && !partial(r + 1)) {
+    if (full(r, 4)) {
+      pv_rows<4>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
+      r += 4;
+      continue;
+    }
+    if (full(r, 2)) {
       pv_rows<2>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
       r += 2;
       continue;
