@@ -10,6 +10,9 @@
 // negligible next to them). Default problem: B=8, heads 32/8, D=128, f32,
 // 32k cached tokens per sequence in 64-token pages, one query per sequence;
 // --dtype bf16|f16 stores the cache (and the queries) in half precision.
+// The same problem runs again on dense K/V tensors (the paging's cost is the
+// gap), and once on a cache small enough to stay in the last-level cache (the
+// kernel's compute cost per key, without the memory wall).
 #include <omp.h>
 
 #include <algorithm>
@@ -124,15 +127,55 @@ attend::KVCache make_cache(std::int64_t batch, std::int64_t hkv, std::int64_t d,
   return cache;
 }
 
-// Time of one forward of `backend` over the cache with sq queries per sequence.
+// Random K/V as dense (B, tokens, hkv, d) tensors: one random 1024-token chunk
+// repeated along every sequence, as make_cache appends it.
+struct DenseKV {
+  attend::Tensor k, v;
+};
+DenseKV make_dense(std::int64_t batch, std::int64_t hkv, std::int64_t d, std::int64_t tokens, attend::DType dtype) {
+  DenseKV kv{attend::Tensor::zeros(dtype, {batch, tokens, hkv, d}),
+             attend::Tensor::zeros(dtype, {batch, tokens, hkv, d})};
+  const std::int64_t chunk = std::min<std::int64_t>(tokens, 1024), row = hkv * d;
+  const std::size_t esize = attend::size_of(dtype);
+  std::uint32_t x = 12345;
+  for (std::int64_t i = 0; i < chunk * row; ++i) {
+    x = x * 1664525u + 1013904223u;
+    store(kv.k, i, static_cast<float>(x >> 8) * 0x1p-24f - 0.5f);
+    store(kv.v, i, static_cast<float>((x * 747796405u) >> 8) * 0x1p-24f - 0.5f);
+  }
+  for (const attend::Tensor* t : {&kv.k, &kv.v}) {
+    auto* base = static_cast<std::byte*>(t->data());
+    for (std::int64_t b = 0; b < batch; ++b) {
+      for (std::int64_t t0 = b == 0 ? chunk : 0; t0 < tokens; t0 += chunk) {
+        const std::size_t n = static_cast<std::size_t>(std::min(chunk, tokens - t0) * row) * esize;
+        std::memcpy(base + static_cast<std::size_t>((b * tokens + t0) * row) * esize, base, n);
+      }
+    }
+  }
+  return kv;
+}
+
+// Time of one forward of `backend` over the cache with sq queries per sequence;
+// with `dense`, the same problem with K/V read from dense tensors instead of
+// the cache's pages (the cache then only gives the shapes).
 double time_forward(const attend::Backend& backend, const attend::KVCache& cache, std::int64_t heads_q, std::int64_t sq,
-                    int reps) {
+                    int reps, const DenseKV* dense = nullptr) {
   const attend::KVCacheConfig& c = cache.config();
   attend::Tensor q = attend::Tensor::zeros(c.dtype, {c.batch, sq, heads_q, c.head_dim_qk});
   for (std::int64_t i = 0; i < q.numel(); ++i) store(q, i, static_cast<float>(i % 7) * 0.05f - 0.15f);
   attend::AttentionSpec opts;
   opts.causal = true;
-  const attend::KVCacheProblem p = attend::kvcache_problem(q, cache, opts);
+  attend::KVCacheProblem p = attend::kvcache_problem(q, cache, opts);
+  if (dense) {
+    p.spec.kv_page_size = 0;
+    p.spec.kv_leftpad = false;
+    p.spec.seqlen_kv = dense->k.view().shape[1];
+    p.inputs.k = dense->k;
+    p.inputs.v = dense->v;
+    p.inputs.block_table = {};
+    p.inputs.cache_seqlens = {};
+    p.inputs.cache_leftpad = {};
+  }
   attend::Tensor out = attend::Tensor::zeros(c.dtype, {c.batch, sq, heads_q, c.head_dim_v});
   attend::Tensor lse = attend::Tensor::zeros(attend::DType::f32, {c.batch, heads_q, sq});
   std::vector<std::byte> ws(backend.workspace_bytes(p.spec, attend::Pass::forward));
@@ -216,9 +259,10 @@ int main(int argc, char** argv) try {
 
   const auto decode = attend::make_decode_backend({.max_seqlen_q = 1024});
   const auto flash = attend::make_flash_backend();
+  const double kv_bytes =
+      2.0 * static_cast<double>(batch * tokens * hkv * d) * static_cast<double>(attend::size_of(dtype));
   {
     const attend::KVCache cache = make_cache(batch, hkv, d, tokens, dtype);
-    const double kv_bytes = 2.0 * static_cast<double>(batch * tokens * hkv * d) * static_cast<double>(attend::size_of(dtype));
     const double t_dec = time_forward(*decode, cache, hq, 1, reps);
     std::printf("decode  B=%lld H=%lld/%lld D=%lld cache=%lld tokens %s (K+V %.2f GiB), seqlen_q=1: %.2f ms, "
                 "%.2f GB/s = %.0f%% of read bandwidth\n",
@@ -230,6 +274,31 @@ int main(int argc, char** argv) try {
       std::printf("flash   same problem: %.2f ms, %.2f GB/s -> decode is %.2fx faster\n", t_fl * 1e3,
                   kv_bytes / t_fl / 1e9, t_fl / t_dec);
     }
+  }
+  {
+    const DenseKV dense = make_dense(batch, hkv, d, tokens, dtype);
+    const attend::KVCache shapes = make_cache(batch, hkv, d, 1, dtype);
+    const double t_dense = time_forward(*decode, shapes, hq, 1, reps, &dense);
+    std::printf("decode  same problem, dense K/V (no pages): %.2f ms, %.2f GB/s = %.0f%% of read bandwidth\n",
+                t_dense * 1e3, kv_bytes / t_dense / 1e9, 100.0 * kv_bytes / t_dense / 1e9 / bw.read_gbs);
+  }
+  {
+    // Compute cost without the memory wall: a dense cache small enough to stay
+    // in the last-level cache, timed over many calls on one thread (the time
+    // one core spends per cached key of one kv head). One thread, because on a
+    // busy machine a descheduled team member stretches every short call.
+    const std::int64_t small_b = 2, small_tokens = 1024;
+    const DenseKV dense = make_dense(small_b, hkv, d, small_tokens, dtype);
+    const attend::KVCache shapes = make_cache(small_b, hkv, d, 1, dtype);
+    const int team = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const double t = time_forward(*decode, shapes, hq, 1, 20 * reps, &dense);
+    omp_set_num_threads(team);
+    std::printf(
+        "decode  compute, cache-resident B=%lld cache=%lld tokens dense, 1 thread: %.3f ms, %.1f ns per (key, "
+        "kv head)\n",
+        static_cast<long long>(small_b), static_cast<long long>(small_tokens), t * 1e3,
+        t * 1e9 / static_cast<double>(small_b * small_tokens * hkv));
   }
 
   // Crossover: causal queries at the end of a shorter cache, decode vs flash.

@@ -20,6 +20,7 @@
 #include <limits>
 
 #include "backends/decode/decode_params.h"
+#include "backends/decode/decode_simd.h"
 #include "cpu/half_simd.h"
 #include "kernel/lse_merge.h"
 
@@ -32,47 +33,74 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 using detail::load_f32;
 using detail::to_f32;
 
-// s[r * ldS + c] = <q_r, k_c> for R query rows and KB keys; the R * KB
-// accumulators hide the FMA latency and each K load serves R rows.
+// Keys per score tile for R query rows: a tile's R x KB sums fill one vector
+// (R = 3 runs in the 4-row shape with one row idle).
+template <int R>
+constexpr int tile_keys() {
+  if constexpr (W == 1) return 4;
+  return W / (R == 3 ? 4 : R);
+}
+
+// s[r * kBlockN + c] = <q_r, k_c> for R query rows and KB keys. Each K vector
+// is loaded (and widened) once and applied to all R rows from registers; the
+// R * KB accumulators hide the FMA latency and are summed by one
+// transpose-and-add tree, whose vector of sums is stored row by row.
 template <int R, int KB, class E>
 inline void dot_tile(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk, float* s) {
+  constexpr int RS = W == 1 ? R : W / KB;  // rows of the tile's shape
+  static_assert(R <= RS && (W == 1 || RS * KB == W));
   const std::int64_t dvec = dqk / W * W;
-  V acc[R][KB];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < KB; ++c) acc[r][c] = Simd::zero();
+  V acc[RS * KB];
+  for (int i = 0; i < RS * KB; ++i) acc[i] = Simd::zero();
   for (std::int64_t d = 0; d < dvec; d += W) {
     V kv[KB];
     for (int c = 0; c < KB; ++c) kv[c] = load_f32<Simd>(k[c] + d);
     for (int r = 0; r < R; ++r) {
       const V qv = Simd::load(q + r * ldq + d);
-      for (int c = 0; c < KB; ++c) acc[r][c] = Simd::fmadd(qv, kv[c], acc[r][c]);
+      for (int c = 0; c < KB; ++c) acc[r * KB + c] = Simd::fmadd(qv, kv[c], acc[r * KB + c]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < KB; ++c) {
-      float x = Simd::reduce_add(acc[r][c]);
-      // Explicit fma: the same rounding whatever the element type (contraction of
-      // x += a * b is otherwise the compiler's choice, and differs per type).
-      for (std::int64_t d = dvec; d < dqk; ++d) x = std::fma(q[r * ldq + d], to_f32(k[c][d]), x);
-      s[r * kBlockN + c] = x;
+  if constexpr (W == 1) {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < KB; ++c) s[r * kBlockN + c] = acc[r * KB + c];
+  } else {
+    simd::store_tile<Simd, KB, R>(s, kBlockN, simd::sum_lanes<Simd>(acc));
+  }
+  if (dvec < dqk) {
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < KB; ++c) {
+        float x = s[r * kBlockN + c];
+        // Explicit fma: the same rounding whatever the element type (contraction of
+        // x += a * b is otherwise the compiler's choice, and differs per type).
+        for (std::int64_t d = dvec; d < dqk; ++d) x = std::fma(q[r * ldq + d], to_f32(k[c][d]), x);
+        s[r * kBlockN + c] = x;
+      }
     }
   }
 }
 
-// Scores of m rows against the n keys of a block.
+template <int R, class E>
+inline void score_rows(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk, float* s) {
+  constexpr int KB = tile_keys<R>();
+  static_assert(kBlockN % KB == 0);
+  for (std::int64_t c = 0; c < kBlockN; c += KB) dot_tile<R, KB, E>(q, ldq, k + c, dqk, s + c);
+}
+
+// Scores of m rows against a whole block of kBlockN keys (the caller pads a
+// short block with repeats of a valid row; those columns are masked after).
+// Rows go four at a time, so the block's K rows are streamed from L1 once per
+// four query rows rather than once per row.
 template <class E>
-inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* const* k, std::int64_t n,
-                   std::int64_t dqk, float* s) {
+inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* const* k, std::int64_t dqk, float* s) {
   std::int64_t r = 0;
-  for (; r + 4 <= m; r += 4) {
-    std::int64_t j = 0;
-    for (; j + 2 <= n; j += 2) dot_tile<4, 2, E>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
-    if (j < n) dot_tile<4, 1, E>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
-  }
-  for (; r < m; ++r) {
-    std::int64_t j = 0;
-    for (; j + 4 <= n; j += 4) dot_tile<1, 4, E>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
-    for (; j < n; ++j) dot_tile<1, 1, E>(q + r * ldq, ldq, k + j, dqk, s + r * kBlockN + j);
+  for (; r + 4 <= m; r += 4) score_rows<4, E>(q + r * ldq, ldq, k, dqk, s + r * kBlockN);
+  const float* qr = q + r * ldq;
+  float* sr = s + r * kBlockN;
+  switch (m - r) {
+    case 3: score_rows<3, E>(qr, ldq, k, dqk, sr); break;
+    case 2: score_rows<2, E>(qr, ldq, k, dqk, sr); break;
+    case 1: score_rows<1, E>(qr, ldq, k, dqk, sr); break;
+    default: break;
   }
 }
 
@@ -101,8 +129,11 @@ inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, 
 template <int R, class E>
 inline void pv_rows(const float* p, const E* const* v, std::int64_t n, std::int64_t dv, float* acc,
                     std::int64_t lda) {
+  // R * NV accumulators plus NV loaded vectors must fit the register file
+  // (16 on AVX2, 32 on AVX-512).
+  constexpr int NV = W == 8 && R > 2 ? 2 : 4;
   const std::int64_t dvec = dv / W * W;
-  std::int64_t d = pv_panel<R, 4, E>(0, dvec, p, v, n, acc, lda);
+  std::int64_t d = pv_panel<R, NV, E>(0, dvec, p, v, n, acc, lda);
   d = pv_panel<R, 1, E>(d, dvec, p, v, n, acc, lda);
   for (; d < dv; ++d) {
     for (int r = 0; r < R; ++r) {
@@ -200,7 +231,7 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
   const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
   const bool plain = p.softcap == 0 && !p.slopes.data && !p.bias;
-  scores(st.qs, p.plan.dqkp, m, kr, n, p.dqk, st.s);
+  scores(st.qs, p.plan.dqkp, m, kr, p.dqk, st.s);
   for (std::int64_t i = 0; i < sp.q_len; ++i) {
     const detail::KeyRange vis = p.keys(b, i);
     const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
@@ -252,9 +283,23 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
     const detail::KeyRange vis = p.keys(b, r / g);
     return vis.begin > j0 || vis.end < j0 + n;
   };
+  const auto full = [&](std::int64_t r0, std::int64_t count) {
+    if (r0 + count > m) return false;
+    for (std::int64_t r = r0; r < r0 + count; ++r) {
+      if (partial(r)) return false;
+    }
+    return true;
+  };
+  // Rows go four at a time where they can, so each V row is read once per
+  // four query rows and applied to all of them from registers.
   std::int64_t r = 0;
   while (r < m) {
-    if (r + 2 <= m && !partial(r) && !partial(r + 1)) {
+    if (full(r, 4)) {
+      pv_rows<4>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
+      r += 4;
+      continue;
+    }
+    if (full(r, 2)) {
       pv_rows<2>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
       r += 2;
       continue;
@@ -307,6 +352,7 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
         prefetch_rows(nv, nn, dv);
       }
       p.gather(b, hk, j0, n, kr, vr);
+      std::fill(kr + n, kr + kBlockN, kr[0]);  // whole-block score tiles; masked columns
       block_step(p, b, hk, j0, n, kr, vr, carve(p, scratch + (hk - hk0) * p.plan.head_floats));
     }
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <utility>
 
 #include "backends/decode/decode_params.h"
 #include "backends/decode/dispatch.h"

@@ -59,6 +59,15 @@ std::vector<HalfCase> cases() {
   c = {"paged_causal", base(2, 0, 64, 64), {}, {700, 90}, 16};
   c.spec.causal = true;
   v.push_back(c);
+  // Row counts and head dims that leave remainders in the kernels' tiles.
+  c = {"rows_7_dims_72_40", base(1, 700, 72, 40), {}, {}, 0};
+  c.spec.heads_q = 7;
+  c.spec.heads_kv = 1;
+  v.push_back(c);
+  c = {"rows_9_causal_dims_100_24", base(3, 520, 100, 24), {}, {}, 0};
+  c.spec.heads_q = 6;
+  c.spec.causal = true;
+  v.push_back(c);
   return v;
 }
 

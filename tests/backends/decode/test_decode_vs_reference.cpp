@@ -181,6 +181,24 @@ std::vector<DecodeCase> cases() {
   c.softcap = 10;
   c.causal = true;
   v.push_back(c);
+  // Query rows per kv head (group * seqlen_q) that leave every remainder of
+  // the kernels' 4-row passes, with head dims off the vector widths (16, 8);
+  // causal cases put rows that see part of a key block beside rows that see all of it.
+  const auto rows = [&](std::string name, std::int64_t heads, std::int64_t heads_kv, std::int64_t sq, std::int64_t sk,
+                        std::int64_t dqk, std::int64_t dv, bool causal) {
+    DecodeCase r = make(std::move(name), sq, sk, dqk, dv);
+    r.heads = heads;
+    r.heads_kv = heads_kv;
+    r.causal = causal;
+    v.push_back(r);
+  };
+  rows("rows_1_d72_40", 2, 2, 1, 700, 72, 40, false);
+  rows("rows_2_d24_136_causal", 2, 2, 2, 530, 24, 136, true);
+  rows("rows_3_d100_72", 6, 2, 1, 600, 100, 72, false);
+  rows("rows_5_d80_48_causal", 2, 2, 5, 530, 80, 48, true);
+  rows("rows_7_d40_24", 7, 1, 1, 900, 40, 24, false);
+  rows("rows_9_d100_72_causal", 6, 2, 3, 1100, 100, 72, true);
+  rows("rows_14_d8_8_causal", 14, 2, 2, 300, 8, 8, true);
   return v;
 }
 
