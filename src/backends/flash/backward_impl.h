@@ -199,7 +199,7 @@ inline void emit_kv_grads(const FlashParams& p, const BackwardTask& t, const det
     return;
   }
   float* dk = t.kv_part + j0 * p.dqk;
-  float* dv = t.kv_part + t.kv_rows * p.dqk + j0 * p.dv;
+  float* dv = t.kv_part + p.seqlen_kv * p.dqk + j0 * p.dv;
   for (std::int64_t j = 0; j < n; ++j) {
     std::copy(dk_acc + j * dqp, dk_acc + j * dqp + p.dqk, dk + j * p.dqk);
     std::copy(dv_acc + j * dvp, dv_acc + j * dvp + p.dv, dv + j * p.dv);
@@ -218,9 +218,9 @@ inline void add_into(float* dst, const float* src, std::int64_t n) {
 // first in share order (a fixed order: bitwise reproducible), then stored.
 template <class S, class E>
 void store_kv_parts(const FlashParams& p, const BackwardTask& t, std::int64_t parts, std::int64_t j0, std::int64_t n) {
-  const std::int64_t part_floats = t.kv_rows * (p.dqk + p.dv);
+  const std::int64_t part_floats = p.seqlen_kv * (p.dqk + p.dv);
   float* dk = t.kv_part + j0 * p.dqk;
-  float* dv = t.kv_part + t.kv_rows * p.dqk + j0 * p.dv;
+  float* dv = t.kv_part + p.seqlen_kv * p.dqk + j0 * p.dv;
   for (std::int64_t i = 1; i < parts; ++i) {
     add_into<S>(dk, dk + i * part_floats, n * p.dqk);
     add_into<S>(dv, dv + i * part_floats, n * p.dv);

@@ -64,8 +64,7 @@ std::int64_t kv_part_floats(const AttentionSpec& s) {
 
 // Floats of all shares, ahead of the per-thread scratch in the workspace
 // (rounded to a cache line, so that the scratch stays aligned).
-std::int64_t kv_parts_floats(const AttentionSpec& s) {
-  const std::int64_t splits = backward_splits(s);
+std::int64_t kv_parts_floats(const AttentionSpec& s, std::int64_t splits) {
   if (splits == 1) return 0;
   const std::int64_t n =
       detail::sat_mul(detail::sat_mul(detail::sat_mul(s.batch, s.heads_kv), splits), kv_part_floats(s));
@@ -137,7 +136,7 @@ class FlashBackend final : public Backend {
     const flash::KernelTable& k = table(target);
     if (pass == Pass::forward) return detail::sat_float_bytes(forward_floats(k, s), detail::thread_budget());
     const std::size_t scratch = detail::sat_float_bytes(backward_floats(k, s), detail::thread_budget());
-    const std::size_t parts = detail::sat_float_bytes(kv_parts_floats(s), 1);
+    const std::size_t parts = detail::sat_float_bytes(kv_parts_floats(s, backward_splits(s)), 1);
     return scratch > std::numeric_limits<std::size_t>::max() - parts ? std::numeric_limits<std::size_t>::max()
                                                                      : scratch + parts;
   }
@@ -169,18 +168,15 @@ class FlashBackend final : public Backend {
     const flash::FlashParams p = flash::make_backward_params(a);
     const std::size_t per_thread = static_cast<std::size_t>(backward_floats(k, a.spec));
     const std::int64_t splits = backward_splits(a.spec), pairs = p.batch * p.heads_kv;
-    const std::int64_t part = kv_part_floats(a.spec), parts_floats = kv_parts_floats(a.spec);
+    const std::int64_t part = kv_part_floats(a.spec), parts_floats = kv_parts_floats(a.spec, splits);
     float* parts = static_cast<float*>(a.workspace.data);
     const Workspace scratch_ws{parts + parts_floats,
                                a.workspace.bytes - static_cast<std::size_t>(parts_floats) * sizeof(float)};
     // Task t: pair t / splits, slice t % splits of its group.
     auto task_of = [&](std::int64_t t) {
       const std::int64_t pair = t / splits, slice = t % splits;
-      flash::BackwardTask task{
-          pair / p.heads_kv, pair % p.heads_kv, slice * p.group / splits, (slice + 1) * p.group / splits,
-          nullptr,           p.seqlen_kv};
-      if (splits > 1) task.kv_part = parts + t * part;
-      return task;
+      return flash::BackwardTask{pair / p.heads_kv, pair % p.heads_kv, slice * p.group / splits,
+                                 (slice + 1) * p.group / splits, splits > 1 ? parts + t * part : nullptr};
     };
     run_parallel(scratch_ws, per_thread, pairs * splits,
                  [&](std::int64_t t, float* scratch) { kd.backward_head(p, task_of(t), scratch); });

@@ -70,13 +70,12 @@ struct FlashParams : detail::KernelProblem {
 // (batch b, kv head hk). A task of the whole group stores dK/dV itself
 // (kv_part null). When the group is split over several tasks (too few (b, hk)
 // pairs to occupy the threads, flash_backend.cpp), each writes its f32 share
-// of dK/dV to kv_part — kv_rows rows of dqk floats (dK), then kv_rows rows of
-// dv floats (dV) — and store_kv_parts stores the sum of the shares.
+// of dK/dV to kv_part — seqlen_kv rows of dqk floats (dK), then seqlen_kv rows
+// of dv floats (dV) — and store_kv_parts stores the sum of the shares.
 struct BackwardTask {
   std::int64_t b = 0, hk = 0;
   std::int64_t g_begin = 0, g_end = 0;
   float* kv_part = nullptr;
-  std::int64_t kv_rows = 0;
 };
 
 // Writes one output row: acc[d] * inv in the output's dtype (E, or f32 for a
