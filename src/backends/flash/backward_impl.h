@@ -206,14 +206,6 @@ inline void emit_kv_grads(const FlashParams& p, const BackwardTask& t, const det
   }
 }
 
-// dst[0, n) += src[0, n)
-template <class S>
-inline void add_into(float* dst, const float* src, std::int64_t n) {
-  std::int64_t i = 0;
-  for (; i + S::W <= n; i += S::W) S::store(dst + i, S::add(S::load(dst + i), S::load(src + i)));
-  for (; i < n; ++i) dst[i] += src[i];
-}
-
 // A split group's dK/dV for key rows [j0, j0 + n): the shares summed into the
 // first in share order (a fixed order: bitwise reproducible), then stored.
 template <class S, class E>
@@ -222,8 +214,8 @@ void store_kv_parts(const FlashParams& p, const BackwardTask& t, std::int64_t pa
   float* dk = t.kv_part + j0 * p.dqk;
   float* dv = t.kv_part + p.seqlen_kv * p.dqk + j0 * p.dv;
   for (std::int64_t i = 1; i < parts; ++i) {
-    add_into<S>(dk, dk + i * part_floats, n * p.dqk);
-    add_into<S>(dv, dv + i * part_floats, n * p.dv);
+    add_row<S>(dk, dk + i * part_floats, n * p.dqk);
+    add_row<S>(dv, dv + i * part_floats, n * p.dv);
   }
   store_kv_grads<S, E>(p, t.b, t.hk, p.span(t.b), j0, n, dk, p.dqk, dv, p.dv);
 }
