@@ -79,40 +79,69 @@ inline void dot_tile(const float* q, std::int64_t ldq, const E* const* k, std::i
   }
 }
 
+template <class E>
+inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim) {
+  constexpr std::int64_t kLine = 64 / static_cast<std::int64_t>(sizeof(E));  // elements per cache line
+  for (std::int64_t j = 0; j < n; ++j) {
+    for (std::int64_t d = 0; d < dim; d += kLine) __builtin_prefetch(rows[j] + d, 0, 1);
+  }
+}
+
+// The next block's K and V rows, asked for a few rows at a time while this
+// block is computed: K rows after each score tile, V rows along the first
+// P V panel. (Asked for all at once, 256 lines per block in f32, the
+// prefetches queue in the core's miss buffers and stall the instructions
+// behind them: a split then took the sum of its compute and memory time,
+// 55 % of the read bandwidth in f32, against 75-84 % spread out.)
+template <class E>
+struct NextBlock {
+  const E* const* k = nullptr;
+  const E* const* v = nullptr;
+  std::int64_t n = 0;  // rows; 0 when there is no next block (or it was asked for)
+};
+
 template <int R, class E>
-inline void score_rows(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk, float* s) {
+inline void score_rows(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk, float* s,
+                       const NextBlock<E>& next) {
   constexpr int KB = tile_keys<R>();
   static_assert(kBlockN % KB == 0);
-  for (std::int64_t c = 0; c < kBlockN; c += KB) dot_tile<R, KB, E>(q, ldq, k + c, dqk, s + c);
+  for (std::int64_t c = 0; c < kBlockN; c += KB) {
+    dot_tile<R, KB, E>(q, ldq, k + c, dqk, s + c);
+    if (c < next.n) prefetch_rows(next.k + c, std::min<std::int64_t>(KB, next.n - c), dqk);
+  }
 }
 
 // Scores of m rows against a whole block of kBlockN keys (the caller pads a
 // short block with repeats of a valid row; those columns are masked after).
 // Rows go four at a time, so the block's K rows are streamed from L1 once per
-// four query rows rather than once per row.
+// four query rows rather than once per row. The first rows ask for the next
+// block's K rows.
 template <class E>
-inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* const* k, std::int64_t dqk, float* s) {
+inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* const* k, std::int64_t dqk, float* s,
+                   NextBlock<E> next) {
   std::int64_t r = 0;
-  for (; r + 4 <= m; r += 4) score_rows<4, E>(q + r * ldq, ldq, k, dqk, s + r * kBlockN);
+  for (; r + 4 <= m; r += 4, next.n = 0) score_rows<4, E>(q + r * ldq, ldq, k, dqk, s + r * kBlockN, next);
   const float* qr = q + r * ldq;
   float* sr = s + r * kBlockN;
   switch (m - r) {
-    case 3: score_rows<3, E>(qr, ldq, k, dqk, sr); break;
-    case 2: score_rows<2, E>(qr, ldq, k, dqk, sr); break;
-    case 1: score_rows<1, E>(qr, ldq, k, dqk, sr); break;
+    case 3: score_rows<3, E>(qr, ldq, k, dqk, sr, next); break;
+    case 2: score_rows<2, E>(qr, ldq, k, dqk, sr, next); break;
+    case 1: score_rows<1, E>(qr, ldq, k, dqk, sr, next); break;
     default: break;
   }
 }
 
-// acc_r += sum_j p[r][j] * v_j for R rows; each V load serves R rows.
+// acc_r += sum_j p[r][j] * v_j for R rows; each V load serves R rows. The
+// panel at d = 0 asks for the next block's V row j beside its own row j.
 template <int R, int NV, class E>
-inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, const E* const* v,
-                             std::int64_t n, float* acc, std::int64_t lda) {
+inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, const E* const* v, std::int64_t n,
+                             float* acc, std::int64_t lda, const NextBlock<E>& next, std::int64_t dv) {
   for (; d + NV * W <= dvec; d += NV * W) {
     V a[R][NV];
     for (int r = 0; r < R; ++r)
       for (int u = 0; u < NV; ++u) a[r][u] = Simd::load(acc + r * lda + d + u * W);
     for (std::int64_t j = 0; j < n; ++j) {
+      if (d == 0 && j < next.n) prefetch_rows(next.v + j, 1, dv);
       V vv[NV];
       for (int u = 0; u < NV; ++u) vv[u] = load_f32<Simd>(v[j] + d + u * W);
       for (int r = 0; r < R; ++r) {
@@ -126,29 +155,24 @@ inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, 
   return d;
 }
 
+// Asks for all of `next`'s V rows (those the panel at d = 0 did not).
 template <int R, class E>
-inline void pv_rows(const float* p, const E* const* v, std::int64_t n, std::int64_t dv, float* acc,
-                    std::int64_t lda) {
+inline void pv_rows(const float* p, const E* const* v, std::int64_t n, std::int64_t dv, float* acc, std::int64_t lda,
+                    const NextBlock<E>& next) {
   // R * NV accumulators plus NV loaded vectors must fit the register file
   // (16 on AVX2, 32 on AVX-512).
   constexpr int NV = W == 8 && R > 2 ? 2 : 4;
   const std::int64_t dvec = dv / W * W;
-  std::int64_t d = pv_panel<R, NV, E>(0, dvec, p, v, n, acc, lda);
-  d = pv_panel<R, 1, E>(d, dvec, p, v, n, acc, lda);
+  std::int64_t d = pv_panel<R, NV, E>(0, dvec, p, v, n, acc, lda, next, dv);
+  d = pv_panel<R, 1, E>(d, dvec, p, v, n, acc, lda, next, dv);
+  const std::int64_t asked = dvec > 0 ? std::min(n, next.n) : 0;
+  prefetch_rows(next.v + asked, next.n - asked, dv);
   for (; d < dv; ++d) {
     for (int r = 0; r < R; ++r) {
       float x = acc[r * lda + d];
       for (std::int64_t j = 0; j < n; ++j) x = std::fma(p[r * kBlockN + j], to_f32(v[j][d]), x);
       acc[r * lda + d] = x;
     }
-  }
-}
-
-template <class E>
-inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim) {
-  constexpr std::int64_t kLine = 64 / static_cast<std::int64_t>(sizeof(E));  // elements per cache line
-  for (std::int64_t j = 0; j < n; ++j) {
-    for (std::int64_t d = 0; d < dim; d += kLine) __builtin_prefetch(rows[j] + d, 0, 1);
   }
 }
 
@@ -224,14 +248,15 @@ inline HeadState carve(const DecodeParams& p, float* base) {
 }
 
 // Keys [j0, j0 + n) of kv head hk for its m query rows (r = i * group + g):
-// scores, mask and logit terms, online softmax, P V.
+// scores, mask and logit terms, online softmax, P V; meanwhile the rows of
+// `next` are asked for.
 template <class E>
 inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n,
-                       const E* const* kr, const E* const* vr, const HeadState& st) {
+                       const E* const* kr, const E* const* vr, const HeadState& st, NextBlock<E> next) {
   const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
   const bool plain = p.softcap == 0 && !p.slopes.data && !p.bias;
-  scores(st.qs, p.plan.dqkp, m, kr, p.dqk, st.s);
+  scores(st.qs, p.plan.dqkp, m, kr, p.dqk, st.s, next);
   for (std::int64_t i = 0; i < sp.q_len; ++i) {
     const detail::KeyRange vis = p.keys(b, i);
     const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
@@ -291,25 +316,30 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
     return true;
   };
   // Rows go four at a time where they can, so each V row is read once per
-  // four query rows and applied to all of them from registers.
+  // four query rows and applied to all of them from registers. The first
+  // call asks for the next block's V rows.
   std::int64_t r = 0;
   while (r < m) {
     if (full(r, 4)) {
-      pv_rows<4>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
+      pv_rows<4>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda, next);
       r += 4;
-      continue;
-    }
-    if (full(r, 2)) {
-      pv_rows<2>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda);
+    } else if (full(r, 2)) {
+      pv_rows<2>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda, next);
       r += 2;
-      continue;
+    } else {
+      const detail::KeyRange vis = p.keys(b, r / g);
+      const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
+      const std::int64_t hi = std::clamp<std::int64_t>(vis.end - j0, lo, n);
+      if (hi == lo) {
+        ++r;
+        continue;
+      }
+      pv_rows<1>(st.s + r * kBlockN + lo, vr + lo, hi - lo, p.dv, st.acc + r * lda, lda, next);
+      ++r;
     }
-    const detail::KeyRange vis = p.keys(b, r / g);
-    const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
-    const std::int64_t hi = std::clamp<std::int64_t>(vis.end - j0, lo, n);
-    if (hi > lo) pv_rows<1>(st.s + r * kBlockN + lo, vr + lo, hi - lo, p.dv, st.acc + r * lda, lda);
-    ++r;
+    next.n = 0;
   }
+  prefetch_rows(next.v, next.n, p.dv);  // no row took a P V step
 }
 
 // One split of sequence b for kv heads [hk0, hk1): the heads advance through
@@ -319,7 +349,7 @@ template <class E>
 void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::int64_t hk1, std::int64_t split,
                        float* scratch) {
   const detail::SeqSpan sp = p.span(b);
-  const std::int64_t g = p.group, m = g * sp.q_len, dqk = p.dqk, dv = p.dv;
+  const std::int64_t g = p.group, m = g * sp.q_len, dqk = p.dqk;
   const std::int64_t ldq = p.plan.dqkp, lda = p.plan.dvp;
   if (m == 0) return;
   for (std::int64_t hk = hk0; hk < hk1; ++hk) {
@@ -346,14 +376,11 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
   for (std::int64_t j0 = c0; j0 < c1; j0 += kBlockN) {
     const std::int64_t n = std::min(kBlockN, c1 - j0), nn = std::min(kBlockN, c1 - j0 - kBlockN);
     for (std::int64_t hk = hk0; hk < hk1; ++hk) {
-      if (nn > 0) {
-        p.gather(b, hk, j0 + kBlockN, nn, nk, nv);
-        prefetch_rows(nk, nn, dqk);
-        prefetch_rows(nv, nn, dv);
-      }
+      if (nn > 0) p.gather(b, hk, j0 + kBlockN, nn, nk, nv);
       p.gather(b, hk, j0, n, kr, vr);
       std::fill(kr + n, kr + kBlockN, kr[0]);  // whole-block score tiles; masked columns
-      block_step(p, b, hk, j0, n, kr, vr, carve(p, scratch + (hk - hk0) * p.plan.head_floats));
+      block_step(p, b, hk, j0, n, kr, vr, carve(p, scratch + (hk - hk0) * p.plan.head_floats),
+                 NextBlock<E>{nk, nv, std::max<std::int64_t>(nn, 0)});
     }
   }
 
