@@ -44,8 +44,8 @@ def functions(obj):
 
 
 def check(obj):
-    family = re.search(r"isa_(scalar|avx2|avx512)\.cpp", obj).group(1)
-    simd = {"scalar": "SimdScalar", "avx2": "SimdAvx2", "avx512": "SimdAvx512"}[family]
+    family = re.search(r"isa_(scalar|avx2|avx512|avx512bf16)\.cpp", obj).group(1)
+    simd = {"scalar": "SimdScalar", "avx2": "SimdAvx2", "avx512": "SimdAvx512", "avx512bf16": "SimdAvx512"}[family]
     problems = []
     for name, body in functions(obj):
         # Kernel code: the region's namespace, or anything instantiated on the family's

@@ -213,6 +213,21 @@ inline double max_abs(const Tensor& t) {
   return m;
 }
 
+// A copy of a contiguous (B, S, H, D) tensor inside rows of `pad` elements whose
+// gaps hold NaN; the returned view shows only the data (strided, last dim contiguous).
+inline TensorView nan_padded(const Tensor& t, std::int64_t pad, Tensor& storage) {
+  const TensorView& v = t.view();
+  storage = Tensor::zeros(v.dtype, {v.shape[0], v.shape[1], v.shape[2], pad});
+  for (std::int64_t i = 0; i < storage.numel(); ++i) set_element(storage, i, std::nan(""));
+  const std::int64_t rows = v.shape[0] * v.shape[1] * v.shape[2], d = v.shape[3];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < d; ++c) set_element(storage, r * pad + c, element(t, r * d + c));
+  }
+  TensorView out = storage.view();
+  out.shape[3] = d;
+  return out;
+}
+
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.numel() == b.numel() &&
          std::equal(static_cast<const std::byte*>(a.data()),

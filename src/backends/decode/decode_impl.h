@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "backends/decode/decode_params.h"
 #include "backends/decode/decode_simd.h"
@@ -79,6 +80,46 @@ inline void dot_tile(const float* q, std::int64_t ldq, const E* const* k, std::i
   }
 }
 
+#if defined(ATTEND_DECODE_BF16_DOT)
+// dot_tile for a bf16 cache on AVX512-BF16 (the avx512bf16 family's TU sets
+// ATTEND_DECODE_BF16_DOT): vdpbf16ps multiplies 16 pairs of bf16 exactly and
+// adds both products to f32 lanes, so K rows are used as loaded, without
+// widening, at half the instructions per multiply-add. The q rows hold the
+// query as given (bf16, unscaled, zero-padded to whole vectors) and the scale
+// multiplies the f32 sums, as in flash's bf16 kernels; vdpbf16ps reads bf16
+// denormals as 0. ldq counts bf16 elements; K's last partial vector is a
+// masked load, so nothing past a row is read.
+inline constexpr bool kPairScores = true;
+
+template <int R, int KB>
+inline void dot_tile_pairs(const detail::bf16_t* q, std::int64_t ldq, const detail::bf16_t* const* k, std::int64_t dqk,
+                           float scale, float* s) {
+  constexpr int RS = W / KB;
+  constexpr std::int64_t kPerVec = 2 * W;  // bf16 per vector
+  static_assert(W == 16 && R <= RS && RS * KB == W);
+  V acc[RS * KB];
+  for (int i = 0; i < RS * KB; ++i) acc[i] = Simd::zero();
+  const auto step = [&](std::int64_t d, __mmask32 live) {
+    __m512bh kv[KB];
+    for (int c = 0; c < KB; ++c) kv[c] = (__m512bh)_mm512_maskz_loadu_epi16(live, k[c] + d);
+    for (int r = 0; r < R; ++r) {
+      const auto qv = (__m512bh)_mm512_loadu_si512(q + r * ldq + d);
+      for (int c = 0; c < KB; ++c) acc[r * KB + c] = _mm512_dpbf16_ps(acc[r * KB + c], qv, kv[c]);
+    }
+  };
+  std::int64_t d = 0;
+  for (; d + kPerVec <= dqk; d += kPerVec) step(d, ~__mmask32{0});
+  if (d < dqk) step(d, static_cast<__mmask32>((std::uint64_t{1} << (dqk - d)) - 1));
+  simd::store_tile<Simd, KB, R>(s, kBlockN, Simd::mul(simd::sum_lanes<Simd>(acc), Simd::set1(scale)));
+}
+#else
+inline constexpr bool kPairScores = false;
+#endif
+
+// Whether a cache of E takes dot_tile_pairs; its q rows then hold E as given.
+template <class E>
+inline constexpr bool pair_scores = kPairScores&& std::is_same_v<E, detail::bf16_t>;
+
 template <class E>
 inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim) {
   constexpr std::int64_t kLine = 64 / static_cast<std::int64_t>(sizeof(E));  // elements per cache line
@@ -100,13 +141,21 @@ struct NextBlock {
   std::int64_t n = 0;  // rows; 0 when there is no next block (or it was asked for)
 };
 
+// q: m rows, ldq floats apart: scale * q in f32, or (pair_scores<E>) q as
+// given in E, unscaled; the scale is then applied to the sums.
 template <int R, class E>
-inline void score_rows(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk, float* s,
-                       const NextBlock<E>& next) {
+inline void score_rows(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk,
+                       [[maybe_unused]] float scale, float* s, const NextBlock<E>& next) {
   constexpr int KB = tile_keys<R>();
   static_assert(kBlockN % KB == 0);
   for (std::int64_t c = 0; c < kBlockN; c += KB) {
-    dot_tile<R, KB, E>(q, ldq, k + c, dqk, s + c);
+    if constexpr (pair_scores<E>) {
+#if defined(ATTEND_DECODE_BF16_DOT)
+      dot_tile_pairs<R, KB>(reinterpret_cast<const E*>(q), 2 * ldq, k + c, dqk, scale, s + c);
+#endif
+    } else {
+      dot_tile<R, KB, E>(q, ldq, k + c, dqk, s + c);
+    }
     if (c < next.n) prefetch_rows(next.k + c, std::min<std::int64_t>(KB, next.n - c), dqk);
   }
 }
@@ -117,16 +166,16 @@ inline void score_rows(const float* q, std::int64_t ldq, const E* const* k, std:
 // four query rows rather than once per row. The first rows ask for the next
 // block's K rows.
 template <class E>
-inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* const* k, std::int64_t dqk, float* s,
-                   NextBlock<E> next) {
+inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* const* k, std::int64_t dqk, float scale,
+                   float* s, NextBlock<E> next) {
   std::int64_t r = 0;
-  for (; r + 4 <= m; r += 4, next.n = 0) score_rows<4, E>(q + r * ldq, ldq, k, dqk, s + r * kBlockN, next);
+  for (; r + 4 <= m; r += 4, next.n = 0) score_rows<4, E>(q + r * ldq, ldq, k, dqk, scale, s + r * kBlockN, next);
   const float* qr = q + r * ldq;
   float* sr = s + r * kBlockN;
   switch (m - r) {
-    case 3: score_rows<3, E>(qr, ldq, k, dqk, sr, next); break;
-    case 2: score_rows<2, E>(qr, ldq, k, dqk, sr, next); break;
-    case 1: score_rows<1, E>(qr, ldq, k, dqk, sr, next); break;
+    case 3: score_rows<3, E>(qr, ldq, k, dqk, scale, sr, next); break;
+    case 2: score_rows<2, E>(qr, ldq, k, dqk, scale, sr, next); break;
+    case 1: score_rows<1, E>(qr, ldq, k, dqk, scale, sr, next); break;
     default: break;
   }
 }
@@ -229,7 +278,7 @@ inline void finish_row(const DecodeParams& p, std::int64_t b, std::int64_t h, st
 
 // One kv head's running state inside a task, carved from the thread's scratch.
 struct HeadState {
-  float* qs;       // m x ldq: scale * q, zero-padded
+  float* qs;       // m x ldq: scale * q, zero-padded (or q as given: score_rows)
   float* s;        // m x kBlockN: scores, then probabilities
   float* acc;      // m x lda: unnormalised output
   float* row_max;  // m
@@ -256,7 +305,7 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
   const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
   const bool plain = p.softcap == 0 && !p.slopes.data && !p.bias;
-  scores(st.qs, p.plan.dqkp, m, kr, p.dqk, st.s, next);
+  scores(st.qs, p.plan.dqkp, m, kr, p.dqk, p.scale, st.s, next);
   for (std::int64_t i = 0; i < sp.q_len; ++i) {
     const detail::KeyRange vis = p.keys(b, i);
     const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
@@ -357,8 +406,14 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
     for (std::int64_t r = 0; r < m; ++r) {
       const std::int64_t i = r / g, h = hk * g + r % g;
       const E* src = static_cast<const E*>(p.q) + p.sq.offset(b, sp.q_begin + i, h);
-      for (std::int64_t d = 0; d < dqk; ++d) st.qs[r * ldq + d] = to_f32(src[d]) * p.scale;
-      std::fill(st.qs + r * ldq + dqk, st.qs + (r + 1) * ldq, 0.0f);
+      if constexpr (pair_scores<E>) {
+        E* dst = reinterpret_cast<E*>(st.qs + r * ldq);  // 2 * ldq elements
+        std::copy(src, src + dqk, dst);
+        std::fill(dst + dqk, dst + 2 * ldq, detail::from_f32<E>(0.0f));
+      } else {
+        for (std::int64_t d = 0; d < dqk; ++d) st.qs[r * ldq + d] = to_f32(src[d]) * p.scale;
+        std::fill(st.qs + r * ldq + dqk, st.qs + (r + 1) * ldq, 0.0f);
+      }
       std::fill(st.acc + r * lda, st.acc + (r + 1) * lda, 0.0f);
       std::fill(st.s + r * kBlockN, st.s + (r + 1) * kBlockN, 0.0f);
       st.row_max[r] = kNegInf;

@@ -7,7 +7,9 @@ const KernelTable& kernels_for(cpu::Isa isa) {
 #if defined(__x86_64__)
   static const KernelTable avx2 = kernels_avx2();
   static const KernelTable avx512 = kernels_avx512();
-  if (isa >= cpu::Isa::avx512) return avx512;
+  static const KernelTable avx512bf16 = kernels_avx512bf16();
+  if (isa >= cpu::Isa::avx512bf16) return avx512bf16;
+  if (isa == cpu::Isa::avx512) return avx512;
   if (isa == cpu::Isa::avx2) return avx2;
 #else
   (void)isa;

@@ -1,6 +1,8 @@
-// The decode kernels of one instruction-set family: decode's variants. decode
-// is memory-bound: it widens bf16 while loading and has no bf16-GEMM families,
-// so under ATTEND_ISA=avx512bf16 or avx512amx it runs its avx512 kernels.
+// The decode kernels of one instruction-set family: decode's variants. The
+// avx512bf16 family is avx512's but for a bf16 cache's scores, on vdpbf16ps
+// (decode_impl.h's pair path); decode has no AMX family (one query row per
+// head, or a few, cannot fill a tile), so under ATTEND_ISA=avx512amx it runs
+// avx512bf16.
 #pragma once
 
 #include <cstdint>
@@ -31,9 +33,10 @@ struct KernelTable {
 KernelTable kernels_scalar();
 KernelTable kernels_avx2();
 KernelTable kernels_avx512();
+KernelTable kernels_avx512bf16();
 
 // decode's variants, best first.
-inline constexpr cpu::Isa kFamilies[] = {cpu::Isa::avx512, cpu::Isa::avx2, cpu::Isa::scalar};
+inline constexpr cpu::Isa kFamilies[] = {cpu::Isa::avx512bf16, cpu::Isa::avx512, cpu::Isa::avx2, cpu::Isa::scalar};
 
 // The table of a family (the caller checked that the CPU supports it).
 const KernelTable& kernels_for(cpu::Isa isa);

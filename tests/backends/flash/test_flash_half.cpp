@@ -142,21 +142,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, FlashHalf,
                                   std::string(to_string(std::get<1>(param_info.param)));
                          });
 
-// A copy of a contiguous (B, S, H, D) tensor inside rows of `pad` elements whose
-// gaps hold NaN; the returned view shows only the data (strided, last dim contiguous).
-TensorView nan_padded(const Tensor& t, std::int64_t pad, Tensor& storage) {
-  const TensorView& v = t.view();
-  storage = Tensor::zeros(v.dtype, {v.shape[0], v.shape[1], v.shape[2], pad});
-  for (std::int64_t i = 0; i < storage.numel(); ++i) testing::set_element(storage, i, std::nan(""));
-  const std::int64_t rows = v.shape[0] * v.shape[1] * v.shape[2], d = v.shape[3];
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t c = 0; c < d; ++c) testing::set_element(storage, r * pad + c, testing::element(t, r * d + c));
-  }
-  TensorView out = storage.view();
-  out.shape[3] = d;
-  return out;
-}
-
 // Kernels read exactly the rows' elements: NaNs right after each row (where a
 // padded pair or a vector tail could reach) change no bit of any result.
 TEST(FlashHalfStrided, ValuesBetweenRowsNeverReachResults) {
@@ -167,9 +152,9 @@ TEST(FlashHalfStrided, ValuesBetweenRowsNeverReachResults) {
     const testing::Problem dense = testing::problem_as(testing::make_problem(s, 31), dt);
     testing::Problem strided = dense;
     Tensor sq, sk, sv, sdo;
-    strided.inputs.q = nan_padded(dense.q, 64, sq);
-    strided.inputs.k = nan_padded(dense.k, 64, sk);
-    strided.inputs.v = nan_padded(dense.v, 48, sv);
+    strided.inputs.q = testing::nan_padded(dense.q, 64, sq);
+    strided.inputs.k = testing::nan_padded(dense.k, 64, sk);
+    strided.inputs.v = testing::nan_padded(dense.v, 48, sv);
     const auto flash = make_flash_backend();
     const testing::PassResults want = testing::run_backend(*flash, dense, true);
     testing::PassResults got;
@@ -179,7 +164,7 @@ TEST(FlashHalfStrided, ValuesBetweenRowsNeverReachResults) {
     got.dq = Tensor::zeros_like(dense.q);
     got.dk = Tensor::zeros_like(dense.k);
     got.dv = Tensor::zeros_like(dense.v);
-    const TensorView dout = nan_padded(dense.dout, 32, sdo);
+    const TensorView dout = testing::nan_padded(dense.dout, 32, sdo);
     flash->backward(BackwardArgs{strided.spec, strided.inputs, got.out, got.lse, dout, got.dq, got.dk, got.dv, {}});
     for (auto [name, a, b] : {std::tuple{"out", got.out, want.out}, std::tuple{"lse", got.lse, want.lse},
                               std::tuple{"dq", got.dq, want.dq}, std::tuple{"dk", got.dk, want.dk},
