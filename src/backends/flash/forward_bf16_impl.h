@@ -102,27 +102,45 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
       prefetch_row(p.k_row<bf16_t>(b, span, j, hk), dqk);
       prefetch_row(p.v_row<bf16_t>(b, span, j, hk), dv);
     }
+    // Only the queries that see some key of this block take part, [c0, c1)
+    // widened to whole vectors (forward_impl.h); AMX tiles take all of them.
+    std::int64_t c0 = 0, c1 = mp;
+    if constexpr (!kAmx) {
+      const detail::KeyRange seen_lo = p.queries(j0, span), seen_hi = p.queries(j0 + n - 1, span);
+      c0 = std::max<std::int64_t>(0, seen_lo.begin - i0) / S::W * S::W;
+      c1 = std::min(mp, round_up(std::max<std::int64_t>(0, seen_hi.end - i0), S::W));
+      if (c1 <= c0) continue;
+    }
+    const std::int64_t mc = std::min(m, c1) - c0;  // real queries in the range
+    const bool interior = p.keys(i0 + c0 + mc - 1, span).begin <= j0 && p.keys(i0 + c0, span).end >= j0 + n;
     if constexpr (kAmx) {
       amx_gemm(round_up(n, 32), mp, kp, kblk2, kp, qt2, BM, st, BM, false);
+    } else if (interior) {
+      dp_gemm<Tr::mr, Tr::nv>(n, c1 - c0, kp, MatW{kblk2, kp, 1}, qt2 + c0, BM, st + c0, BM, false);
     } else {
-      dp_gemm<Tr::mr, Tr::nv>(n, mp, kp, MatW{kblk2, kp, 1}, qt2, BM, st, BM, false);
+      // A diagonal tile, a vector of keys at a time (forward_impl.h).
+      for (std::int64_t u = 0; u < n; u += S::W) {
+        const std::int64_t cu = std::max(c0, std::max<std::int64_t>(0, p.queries(j0 + u, span).begin - i0) / S::W * S::W);
+        if (cu >= c1) break;
+        dp_gemm<Tr::mr, Tr::nv>(std::min<std::int64_t>(S::W, n - u), c1 - cu, kp, MatW{kblk2 + u * kp, kp, 1},
+                                qt2 + cu, BM, st + u * BM + cu, BM, false);
+      }
     }
     const V vscale = S::set1(p.scale);
     for (std::int64_t j = 0; j < n; ++j) {
-      for (std::int64_t c = 0; c < mp; c += S::W) S::store(st + j * BM + c, S::mul(S::load(st + j * BM + c), vscale));
+      for (std::int64_t c = c0; c < c1; c += S::W) S::store(st + j * BM + c, S::mul(S::load(st + j * BM + c), vscale));
     }
 
-    const bool interior = last.begin <= j0 && first.end >= j0 + n;
-    const Tile tile{b, h, i0, m, j0, n, span, st, BM, true, n, mp};
+    const Tile tile{b, h, i0 + c0, mc, j0, n, span, st + c0, BM, true, n, c1 - c0};
     if (!(plain && interior)) finish_logits<S, bf16_t>(p, tile, nullptr);
 
-    online_softmax_step<S>(st, BM, n, 0, mp, row_max, row_sum, alpha);
+    online_softmax_step<S>(st, BM, n, c0, c1, row_max, row_sum, alpha);
     if constexpr (kAmx) {
       for (std::int64_t d = 0; d < dvp; ++d) {
         for (std::int64_t c = 0; c < mp; c += S::W) S::store(acc + d * BM + c, S::mul(S::load(acc + d * BM + c), S::load(alpha + c)));
       }
     } else {
-      for (std::int64_t r = 0; r < m; ++r) {
+      for (std::int64_t r = c0; r < c0 + mc; ++r) {
         if (alpha[r] == 1.0f) continue;
         const V a = S::set1(alpha[r]);
         for (std::int64_t d = 0; d < dvp; d += S::W) S::store(acc + r * dvp + d, S::mul(S::load(acc + r * dvp + d), a));
@@ -134,14 +152,14 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     for (std::int64_t pp = 0; pp < np; ++pp) {
       const float* lo = st + 2 * pp * BM;
       const float* hi = 2 * pp + 1 < n ? lo + BM : nullptr;
-      for (std::int64_t c = 0; c < mp; c += S::W) {
+      for (std::int64_t c = c0; c < c1; c += S::W) {
         const __m512 h16 = hi ? _mm512_loadu_ps(hi + c) : _mm512_setzero_ps();
         _mm512_storeu_si512(pt2 + pp * BM + c, pack_pairs(_mm512_loadu_ps(lo + c), h16));
       }
     }
     // A NaN or infinite v would reach masked queries through the GEMM (nonfinite_tile.h).
     if (!rows_finite<S, bf16_t>(n, dv, [&](std::int64_t j) { return p.v_row<bf16_t>(b, span, j0 + j, hk); })) {
-      visible_pv<S, bf16_t>(p, b, hk, span, i0, 0, m, j0, n, st, BM, acc, kAmx ? 1 : dvp, kAmx ? BM : 1);
+      visible_pv<S, bf16_t>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, kAmx ? 1 : dvp, kAmx ? BM : 1);
     } else if constexpr (kAmx) {
       // V^T as pairs of keys: vt[d][p] = (v[2p][d], v[2p+1][d]), built 16 x 16
       // words at a time from vv2's rows and transposed in registers.
@@ -159,8 +177,16 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
       }
       for (std::int64_t pp = np; pp < npp; ++pp) std::fill(pt2 + pp * BM, pt2 + pp * BM + mp, 0u);
       amx_gemm(dvp, mp, npp, vt, npp, pt2, BM, acc, BM, true);
+    } else if (interior) {
+      dp_gemm<Tr::mr, Tr::nv>(mc, dvp, np, MatW{pt2 + c0, 1, BM}, vv2, dvp, acc + c0 * dvp, dvp, true);
     } else {
-      dp_gemm<Tr::mr, Tr::nv>(m, dvp, np, MatW{pt2, 1, BM}, vv2, dvp, acc, dvp, true);
+      // A diagonal tile, a vector of queries at a time over the key pairs its
+      // last query sees (forward_impl.h).
+      for (std::int64_t r = c0; r < c0 + mc; r += S::W) {
+        const std::int64_t mr = std::min<std::int64_t>(S::W, c0 + mc - r);
+        const std::int64_t kr = std::clamp<std::int64_t>(p.keys(i0 + r + mr - 1, span).end - j0, 0, n);
+        if (kr > 0) dp_gemm<Tr::mr, Tr::nv>(mr, dvp, (kr + 1) / 2, MatW{pt2 + r, 1, BM}, vv2, dvp, acc + r * dvp, dvp, true);
+      }
     }
   }
 

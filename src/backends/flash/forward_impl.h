@@ -110,10 +110,23 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     if (c1 <= c0) continue;
     const std::int64_t mc = std::min(m, c1) - c0;  // real queries in the range
     float* sc = st + c0;
-    gemm<S, Tr::mr, Tr::nv>(n, c1 - c0, dqk, MatA{kblk, dqk, 1}, qt + c0, BM, sc, BM, false);
-
     // A plain tile in which every query of the range sees every key needs no pass.
     const bool interior = p.keys(i0 + c0 + mc - 1, span).begin <= j0 && p.keys(i0 + c0, span).end >= j0 + n;
+    if (interior) {
+      gemm<S, Tr::mr, Tr::nv>(n, c1 - c0, dqk, MatA{kblk, dqk, 1}, qt + c0, BM, sc, BM, false);
+    } else {
+      // A diagonal tile, a vector of keys at a time from the first query that
+      // sees them (visible query ranges move right with the key), so the
+      // triangle above the diagonal costs a vector's width per key, not the
+      // block's. finish_logits below masks the scores left out.
+      for (std::int64_t u = 0; u < n; u += S::W) {
+        const std::int64_t seen = p.queries(j0 + u, span).begin - i0;
+        const std::int64_t cu = std::max(c0, std::max<std::int64_t>(0, seen) / S::W * S::W);
+        if (cu >= c1) break;
+        gemm<S, Tr::mr, Tr::nv>(std::min<std::int64_t>(S::W, n - u), c1 - cu, dqk, MatA{kblk + u * dqk, dqk, 1},
+                                qt + cu, BM, st + u * BM + cu, BM, false);
+      }
+    }
     const Tile tile{b, h, i0 + c0, mc, j0, n, span, sc, BM, true, n, c1 - c0};
     if (!(plain && interior)) finish_logits<S, E>(p, tile, nullptr);
 
@@ -128,8 +141,16 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
 
     // A NaN or infinite v would reach the masked queries through their zero
     // weights in the GEMM (nonfinite_tile.h).
-    if (S::reduce_add(v_bad) == 0.0f) {
+    if (S::reduce_add(v_bad) == 0.0f && interior) {
       gemm<S, Tr::mr, Tr::nv>(mc, dvp, n, MatA{sc, 1, BM}, vblk, dvp, acc + c0 * dvp, dvp, true);
+    } else if (S::reduce_add(v_bad) == 0.0f) {
+      // A diagonal tile, a vector of queries at a time over the keys its last
+      // query sees: the keys past them carry zero weights.
+      for (std::int64_t r = c0; r < c0 + mc; r += S::W) {
+        const std::int64_t mr = std::min<std::int64_t>(S::W, c0 + mc - r);
+        const std::int64_t kr = std::clamp<std::int64_t>(p.keys(i0 + r + mr - 1, span).end - j0, 0, n);
+        if (kr > 0) gemm<S, Tr::mr, Tr::nv>(mr, dvp, kr, MatA{st + r, 1, BM}, vblk, dvp, acc + r * dvp, dvp, true);
+      }
     } else {
       visible_pv<S, E>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, dvp, 1);
     }
