@@ -282,11 +282,29 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
         const std::int64_t c1 = std::min(n, last.end - j0), nk = c1 - c0, nc = round_up(c1, S::W) - c0;
         float *t_p = pt + c0, *t_ds = ds + c0, *t_th = th + c0;
 
+        // In a diagonal tile a vector of rows sees only the keys up to its last
+        // row's: the products below go a vector of rows (or keys) at a time
+        // over those (exact: the pairs left out hold zero P and dS), and the
+        // scores and dP left out are zeros (then masked).
+        const auto row_keys = [&](std::int64_t r) {  // columns of rows [r, r + W), whole vectors
+          const std::int64_t end = p.keys(i0 + std::min(m, r + S::W) - 1, span).end - j0 - c0;
+          return std::clamp<std::int64_t>(round_up(end, S::W), 0, nc);
+        };
+        const bool diagonal = row_keys(0) < nc;
+        const auto products = [&](const float* a, std::int64_t lda, const float* bt, std::int64_t depth, float* c) {
+          if (!diagonal) return gemm<S, MR, NV>(m, nc, depth, MatA{a, lda, 1}, bt, BN, c, BN, false);
+          for (std::int64_t r = 0; r < m; r += S::W) {
+            const std::int64_t mr = std::min<std::int64_t>(S::W, m - r), ncr = row_keys(r);
+            if (ncr > 0) gemm<S, MR, NV>(mr, ncr, depth, MatA{a + r * lda, lda, 1}, bt, BN, c + r * BN, BN, false);
+            for (std::int64_t i = r; i < r + mr; ++i) std::fill(c + i * BN + ncr, c + i * BN + nc, 0.0f);
+          }
+        };
+
         // Recompute logits exactly as the forward did, then P = exp(s - LSE).
         // A non-finite q or k shows in the raw scores, dO or v in dP, a bad
         // logit term in the LSE: any of them sends the tile to the visible-pair
         // products (nonfinite_tile.h).
-        gemm<S, MR, NV>(m, nc, dqk, MatA{qblk, dqp, 1}, kt + c0, BN, t_p, BN, false);
+        products(qblk, dqp, kt + c0, dqk, t_p);
         bool finite = tile_finite<S>(t_p, m, nc, BN) && lse_and_d_clean(lse, dsum, m);
         const Tile tile{b, h, i0, m, j0 + c0, nk, span, t_p, BN, false, m, nc};
         finish_logits<S, E>(p, tile, p.softcap > 0 ? t_th : nullptr);
@@ -301,7 +319,7 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
         }
 
         // dP = (dO V^T) * keep/(1-p);  scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
-        gemm<S, MR, NV>(m, nc, dv, MatA{doblk, dvp, 1}, vt + c0, BN, t_ds, BN, false);
+        products(doblk, dvp, vt + c0, dv, t_ds);
         finite = finite && tile_finite<S>(t_ds, m, nc, BN);
         const Tile dtile{b, h, i0, m, j0 + c0, nk, span, t_ds, BN, false, m, nc};
         if (p.dropout) apply_dropout(p, dtile);
@@ -319,10 +337,31 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
 
         // dV += P'^T dO;  dK += (scale dS)^T Q;  dQ += (scale dS) K
         float *t_dv = dv_acc + c0 * dvp, *t_dk = dk_acc + c0 * dqp;
-        if (finite) {
+        if (finite && !diagonal) {
           gemm<S, MR, NV>(nk, dvp, m, MatA{t_p, 1, BN}, doblk, dvp, t_dv, dvp, true);
           gemm<S, MR, NV>(nk, dqp, m, MatA{t_ds, 1, BN}, qblk, dqp, t_dk, dqp, true);
           gemm<S, MR, NV>(m, dqp, nk, MatA{t_ds, BN, 1}, kblk + c0 * dqp, dqp, dq_tile, dqp, false);
+        } else if (finite) {
+          // Keys a vector at a time over the rows that see them; rows a vector
+          // at a time over the keys they see.
+          for (std::int64_t u = 0; u < nk; u += S::W) {
+            const std::int64_t nu = std::min<std::int64_t>(S::W, nk - u);
+            const std::int64_t r0 = std::clamp<std::int64_t>(p.queries(j0 + c0 + u, span).begin - i0, 0, m);
+            if (r0 == m) break;
+            gemm<S, MR, NV>(nu, dvp, m - r0, MatA{t_p + r0 * BN + u, 1, BN}, doblk + r0 * dvp, dvp, t_dv + u * dvp, dvp,
+                            true);
+            gemm<S, MR, NV>(nu, dqp, m - r0, MatA{t_ds + r0 * BN + u, 1, BN}, qblk + r0 * dqp, dqp, t_dk + u * dqp, dqp,
+                            true);
+          }
+          for (std::int64_t r = 0; r < m; r += S::W) {
+            const std::int64_t mr = std::min<std::int64_t>(S::W, m - r), ncr = std::min(row_keys(r), nk);
+            if (ncr > 0) {
+              gemm<S, MR, NV>(mr, dqp, ncr, MatA{t_ds + r * BN, BN, 1}, kblk + c0 * dqp, dqp, dq_tile + r * dqp, dqp,
+                              false);
+            } else {
+              std::fill(dq_tile + r * dqp, dq_tile + (r + mr) * dqp, 0.0f);
+            }
+          }
         } else {
           visible_tile_products<S, E>(p, b, h, span, i0, m, j0 + c0, nk, t_p, t_ds, BN, lse, t_dv, dvp, t_dk, dqp,
                                       dq_tile);
