@@ -120,10 +120,11 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     } else {
       // A diagonal tile, a vector of keys at a time (forward_impl.h).
       for (std::int64_t u = 0; u < n; u += S::W) {
-        const std::int64_t cu = std::max(c0, std::max<std::int64_t>(0, p.queries(j0 + u, span).begin - i0) / S::W * S::W);
+        const std::int64_t cu =
+            std::max(c0, std::max<std::int64_t>(0, p.queries(j0 + u, span).begin - i0) / S::W * S::W);
         if (cu >= c1) break;
-        dp_gemm<Tr::mr, Tr::nv>(std::min<std::int64_t>(S::W, n - u), c1 - cu, kp, MatW{kblk2 + u * kp, kp, 1},
-                                qt2 + cu, BM, st + u * BM + cu, BM, false);
+        dp_gemm<Tr::mr, Tr::nv>(std::min<std::int64_t>(S::W, n - u), c1 - cu, kp, MatW{kblk2 + u * kp, kp, 1}, qt2 + cu,
+                                BM, st + u * BM + cu, BM, false);
       }
     }
     const V vscale = S::set1(p.scale);
@@ -185,7 +186,9 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
       for (std::int64_t r = c0; r < c0 + mc; r += S::W) {
         const std::int64_t mr = std::min<std::int64_t>(S::W, c0 + mc - r);
         const std::int64_t kr = std::clamp<std::int64_t>(p.keys(i0 + r + mr - 1, span).end - j0, 0, n);
-        if (kr > 0) dp_gemm<Tr::mr, Tr::nv>(mr, dvp, (kr + 1) / 2, MatW{pt2 + r, 1, BM}, vv2, dvp, acc + r * dvp, dvp, true);
+        if (kr > 0) {
+          dp_gemm<Tr::mr, Tr::nv>(mr, dvp, (kr + 1) / 2, MatW{pt2 + r, 1, BM}, vv2, dvp, acc + r * dvp, dvp, true);
+        }
       }
     }
   }
