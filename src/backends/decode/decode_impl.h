@@ -118,7 +118,7 @@ inline constexpr bool kPairScores = false;
 
 // Whether a cache of E takes dot_tile_pairs; its q rows then hold E as given.
 template <class E>
-inline constexpr bool pair_scores = kPairScores&& std::is_same_v<E, detail::bf16_t>;
+inline constexpr bool pair_scores = (kPairScores && std::is_same_v<E, detail::bf16_t>);
 
 template <class E>
 inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim) {
@@ -133,7 +133,7 @@ inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim
 // P V panel. (Asked for all at once, 256 lines per block in f32, the
 // prefetches queue in the core's miss buffers and stall the instructions
 // behind them: a split then took the sum of its compute and memory time,
-// 55 % of the read bandwidth in f32, against 75-84 % spread out.)
+// 55 % of the read bandwidth in f32, against 75-87 % spread out.)
 template <class E>
 struct NextBlock {
   const E* const* k = nullptr;
