@@ -138,3 +138,34 @@ def test_sinks_compile_fullgraph_with_gradient():
     assert torch.equal(out, eager)
     for a, b in zip(d_out, d_eager):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
+def test_inference_outside_compile_skips_the_op_dispatch(monkeypatch):
+    # No graph to record and none being traced: the native forward is called
+    # directly (the op's dispatch costs ~10x a decode step's kernel). Training
+    # goes through the op (and may select another backend: compare within tolerance).
+    calls = []
+    op = attend.torch._autograd.attention_forward
+    monkeypatch.setattr(attend.torch._autograd, "attention_forward", lambda *a: calls.append(1) or op(*a))
+    q, k, v = (randn(2, 4, 16, 8, seed=s) for s in range(3))
+    with torch.no_grad():
+        direct = scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert calls == []
+    through_op = scaled_dot_product_attention(q.clone().requires_grad_(True), k, v, is_causal=True)
+    assert calls == [1]
+    assert torch.allclose(direct, through_op.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
+def test_inference_under_compile_still_traces_the_op():
+    # Under tracing the direct call would meet fake tensors: the op stays in the graph.
+    def fn(q, k, v):
+        return flash_attn_func(q, k, v, causal=True)
+
+    q, k, v = (randn(2, 16, 4, 8, seed=s) for s in range(3))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = fn(q, k, v)
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert torch.equal(compiled, eager)
