@@ -56,6 +56,12 @@ inline std::int64_t sat_add(std::int64_t a, std::int64_t b) {
   return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::int64_t>::max() : r;
 }
 
+// a + b bytes, saturating to SIZE_MAX.
+inline std::size_t sat_add_bytes(std::size_t a, std::size_t b) {
+  std::size_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::size_t>::max() : r;
+}
+
 // Bytes of `floats` f32 values times `copies`, saturating to SIZE_MAX.
 inline std::size_t sat_float_bytes(std::int64_t floats, std::int64_t copies) {
   std::size_t r = 0;

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -91,9 +90,7 @@ class DecodeBackend final : public Backend {
     const decode::SplitPlan plan = decode::plan_splits(s);
     const std::size_t scratch = detail::sat_float_bytes(plan.scratch_floats, detail::thread_budget());
     const std::size_t partial = detail::sat_float_bytes(plan.partial_floats, 1);
-    std::size_t total = 0;
-    if (__builtin_add_overflow(scratch, partial, &total)) return std::numeric_limits<std::size_t>::max();
-    return total;
+    return detail::sat_add_bytes(scratch, partial);
   }
 
   void run_forward(const ForwardArgs& a) const override {

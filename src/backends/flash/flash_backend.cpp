@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -137,8 +136,7 @@ class FlashBackend final : public Backend {
     if (pass == Pass::forward) return detail::sat_float_bytes(forward_floats(k, s), detail::thread_budget());
     const std::size_t scratch = detail::sat_float_bytes(backward_floats(k, s), detail::thread_budget());
     const std::size_t parts = detail::sat_float_bytes(kv_parts_floats(s, backward_splits(s)), 1);
-    return scratch > std::numeric_limits<std::size_t>::max() - parts ? std::numeric_limits<std::size_t>::max()
-                                                                     : scratch + parts;
+    return detail::sat_add_bytes(scratch, parts);
   }
 
   void run_forward(const ForwardArgs& a) const override {
