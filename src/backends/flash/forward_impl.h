@@ -141,9 +141,11 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
 
     // A NaN or infinite v would reach the masked queries through their zero
     // weights in the GEMM (nonfinite_tile.h).
-    if (S::reduce_add(v_bad) == 0.0f && interior) {
+    if (S::reduce_add(v_bad) != 0.0f) {
+      visible_pv<S, E>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, dvp, 1);
+    } else if (interior) {
       gemm<S, Tr::mr, Tr::nv>(mc, dvp, n, MatA{sc, 1, BM}, vblk, dvp, acc + c0 * dvp, dvp, true);
-    } else if (S::reduce_add(v_bad) == 0.0f) {
+    } else {
       // A diagonal tile, a vector of queries at a time over the keys its last
       // query sees: the keys past them carry zero weights.
       for (std::int64_t r = c0; r < c0 + mc; r += S::W) {
@@ -151,8 +153,6 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
         const std::int64_t kr = std::clamp<std::int64_t>(p.keys(i0 + r + mr - 1, span).end - j0, 0, n);
         if (kr > 0) gemm<S, Tr::mr, Tr::nv>(mr, dvp, kr, MatA{st + r, 1, BM}, vblk, dvp, acc + r * dvp, dvp, true);
       }
-    } else {
-      visible_pv<S, E>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, dvp, 1);
     }
   }
 
