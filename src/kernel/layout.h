@@ -8,6 +8,7 @@
 #include "attend/backend.h"
 #include "attend/spec.h"
 #include "attend/tensor.h"
+#include "kernel/hd.h"
 
 namespace attend::detail {
 
@@ -15,7 +16,7 @@ namespace attend::detail {
 // packed token dimension (sequences are located through cu_seqlens).
 struct TokenStrides {
   std::int64_t b = 0, s = 0, h = 0;
-  std::int64_t offset(std::int64_t b_, std::int64_t token, std::int64_t h_) const {
+  ATTEND_HD std::int64_t offset(std::int64_t b_, std::int64_t token, std::int64_t h_) const {
     return b_ * b + token * s + h_ * h;
   }
 };
@@ -40,7 +41,7 @@ struct SeqLocator {
   const std::int32_t *cache_end = nullptr, *cache_begin = nullptr;  // paged (begin: leftpad, optional)
   std::int64_t cache_end_stride = 1, cache_begin_stride = 1;
 
-  SeqSpan operator()(std::int64_t b) const {
+  ATTEND_HD SeqSpan operator()(std::int64_t b) const {
     if (cache_end) {
       const std::int64_t end = cache_end[b * cache_end_stride];
       const std::int64_t begin = cache_begin ? cache_begin[b * cache_begin_stride] : 0;
@@ -57,7 +58,9 @@ SeqLocator seq_locator(const AttentionSpec& spec, const Inputs& in);
 struct AlibiSlopes {
   const float* data = nullptr;  // null: no ALiBi
   std::int64_t b_stride = 0, h_stride = 1;
-  float operator()(std::int64_t b, std::int64_t h) const { return data ? data[b * b_stride + h * h_stride] : 0.0f; }
+  ATTEND_HD float operator()(std::int64_t b, std::int64_t h) const {
+    return data ? data[b * b_stride + h * h_stride] : 0.0f;
+  }
 };
 AlibiSlopes alibi_slopes(const AttentionSpec& spec, const Inputs& in);
 
@@ -81,7 +84,9 @@ TokenStrides pool_strides(const TensorView& pool);
 // Strides of the bias (or dbias) tensor (Bb, Hb, Sq, Sk); a broadcast dim has stride 0.
 struct BiasStrides {
   std::int64_t b = 0, h = 0, i = 0;
-  std::int64_t offset(std::int64_t b_, std::int64_t h_, std::int64_t i_) const { return b_ * b + h_ * h + i_ * i; }
+  ATTEND_HD std::int64_t offset(std::int64_t b_, std::int64_t h_, std::int64_t i_) const {
+    return b_ * b + h_ * h + i_ * i;
+  }
 };
 BiasStrides bias_strides(const TensorView& bias);
 

@@ -9,9 +9,12 @@
 #include <array>
 #include <cstdint>
 
+#include "kernel/hd.h"
+
 namespace attend::detail {
 
-inline std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> ctr, std::array<std::uint32_t, 2> key) {
+ATTEND_HD inline std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> ctr,
+                                                         std::array<std::uint32_t, 2> key) {
   constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
@@ -36,13 +39,14 @@ struct DropoutMask {
     return {seed, t >= 4294967296.0 ? (std::uint64_t{1} << 32) : static_cast<std::uint64_t>(t)};
   }
 
-  std::array<std::uint32_t, 4> words(std::int64_t b, std::int64_t h, std::int64_t row, std::int64_t col4) const {
+  ATTEND_HD std::array<std::uint32_t, 4> words(std::int64_t b, std::int64_t h, std::int64_t row,
+                                               std::int64_t col4) const {
     return philox4x32({static_cast<std::uint32_t>(col4), static_cast<std::uint32_t>(row), static_cast<std::uint32_t>(h),
                        static_cast<std::uint32_t>(b)},
                       {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
   }
 
-  bool keep(std::int64_t b, std::int64_t h, std::int64_t row, std::int64_t col) const {
+  ATTEND_HD bool keep(std::int64_t b, std::int64_t h, std::int64_t row, std::int64_t col) const {
     return words(b, h, row, col >> 2)[col & 3] < threshold;
   }
 };

@@ -10,12 +10,7 @@
 #include <cstdlib>
 
 #include "attend/spec.h"
-
-#if defined(__CUDACC__)
-#define ATTEND_HD __host__ __device__
-#else
-#define ATTEND_HD
-#endif
+#include "kernel/hd.h"
 
 namespace attend::detail {
 

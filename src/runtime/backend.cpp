@@ -65,12 +65,22 @@ int Backend::find_variant(std::string_view name) const {
   return -1;
 }
 
-int Backend::default_variant() const {
+namespace {
+
+// The first variant this process can run within the policy's ISA cap, or -1.
+int first_runnable(std::span<const Variant> all) {
   const int cap = detail::policy_isa_cap();  // throws for an ISA this CPU lacks
-  const auto all = variants();
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (all[i].unavailable.empty() && all[i].isa_level <= cap) return static_cast<int>(i);
   }
+  return -1;
+}
+
+}  // namespace
+
+int Backend::default_variant() const {
+  const int v = first_runnable(variants());
+  if (v >= 0) return v;
   throw Error(ErrorCode::unsupported, "backend", std::string(name()),
               "no variant of this backend can run here within the ISA policy");
 }
@@ -87,6 +97,18 @@ Target Backend::resolve(const Target& target) const {
 
 Support Backend::check(const AttentionSpec& spec, Pass pass, const Target& target, Support::Detail detail) const {
   Support sup(detail);
+  if (target.variant < 0 && first_runnable(variants()) < 0) {
+    // Nothing to run here (a GPU backend in a process without a GPU, say): an
+    // answer with the reasons, as for an unavailable variant named explicitly.
+    sup.require(false, ReasonCode::variant, [&] {
+      std::string why = "no variant of " + std::string(name()) + " can run here";
+      for (const Variant& v : variants()) {
+        why += "; " + v.name + ": " + (v.unavailable.empty() ? "above the ATTEND_ISA cap" : v.unavailable);
+      }
+      return why;
+    });
+    return sup;
+  }
   const Target t = resolve(target);
   sup.require(serves(t.device.kind), ReasonCode::device, [&] {
     return "tensors on " + to_string(t.device) + ": " + std::string(name()) + " does not serve " +
