@@ -16,6 +16,9 @@ CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd) {
   auto* sub = app.add_subcommand("select", "Show which backend runs a problem and why the others cannot");
   add_problem_flags(*sub, cmd.problem);
   sub->add_flag("--json", cmd.json, "print the selection as JSON");
+  sub->add_option("--device", cmd.device,
+                  "where the tensors would live (cpu, cuda, cuda:N): only backends serving it can run")
+      ->capture_default_str();
   add_cp_flags(*sub, cmd.cp, false);
   sub->add_flag("--autotune", cmd.autotune,
                 "choose by measured time (--select autotune): times every viable plan once per shape bucket "
@@ -53,16 +56,17 @@ int explain_cp(const SelectCommand& cmd, const Problem& p) {
 
 int run_select(const SelectCommand& cmd) {
   Problem p = make_problem(cmd.problem);
+  const attend::Device device = attend::parse_device(cmd.device, "--device");
   if (cmd.autotune) p.policy.strategy = attend::Strategy::autotune;
   if (cmd.cp.enabled()) return explain_cp(cmd, p);
   if (cmd.json) {
     try {
-      std::cout << with_fields(attend::select(p.spec, p.mode, p.policy).to_json(), "\"exit_code\": 0") << "\n";
+      std::cout << with_fields(attend::select(p.spec, p.mode, p.policy, device).to_json(), "\"exit_code\": 0") << "\n";
       return 0;
     } catch (const attend::Error& e) {
       if (e.code() != attend::ErrorCode::unsupported) throw;
       // The same verdicts as data, with the error: nothing fits is an answer too.
-      const std::string verdicts = attend::evaluate(p.spec, p.mode, p.policy).to_json();
+      const std::string verdicts = attend::evaluate(p.spec, p.mode, p.policy, device).to_json();
       std::cout << with_fields(verdicts,
                                "\"error\": " + error_json(e) + ", \"exit_code\": " + std::to_string(kExitError))
                 << "\n";
@@ -72,7 +76,7 @@ int run_select(const SelectCommand& cmd) {
   }
   // Throws attend::Error(unsupported) with the verdict table when nothing fits;
   // main prints it and exits 2.
-  const attend::Selection sel = attend::select(p.spec, p.mode, p.policy);
+  const attend::Selection sel = attend::select(p.spec, p.mode, p.policy, device);
   // explain() already holds the problem, the mode, the table and the choice;
   // the "selected:" line is added only if a future explain() drops it.
   const std::string table = sel.explain();

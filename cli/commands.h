@@ -26,6 +26,7 @@ struct SelectCommand {
   ProblemFlags problem;
   CpFlags cp;
   bool json = false, autotune = false;
+  std::string device = "cpu";  // where the tensors would live: cpu, cuda, cuda:N
 };
 CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd);
 int run_select(const SelectCommand& cmd);

@@ -1,5 +1,5 @@
-// The conformance suite: every feature case x every registered backend x every
-// variant it can run here x every pass, compared with the float64 reference
+// The conformance suite: every feature case x every registered host-memory
+// backend x every variant it can run here x every pass, compared with the float64 reference
 // under the same-precision-baseline rule (docs/semantics.md). A pass the check
 // declines is counted, not run; the counts are printed, and a backend that
 // declines every case fails the suite, so a backend that silently does
@@ -16,6 +16,7 @@
 #include "attend/attend.h"
 #include "attend/backends/reference.h"
 #include "support/baseline.h"
+#include "support/conformance_cases.h"
 #include "support/feature_case.h"
 #include "support/tensors.h"
 
@@ -23,68 +24,7 @@ namespace attend {
 namespace {
 
 using testing::FeatureCase;
-using testing::make_case;
 using testing::PassResults;
-
-std::vector<FeatureCase> cases() {
-  std::vector<FeatureCase> v;
-  v.push_back(make_case("plain_37x53", 37, 53, 32, 32));
-  v.push_back(make_case("single_key", 9, 1, 16, 16));
-  v.push_back(make_case("mla_192_128", 21, 40, 192, 128));
-  v.push_back(make_case("v_wider_48_96", 19, 33, 48, 96));
-  FeatureCase c = make_case("causal_gqa", 45, 45, 32, 32, 4, 2);
-  c.causal = true;
-  v.push_back(c);
-  c = make_case("causal_sq_below_sk_mqa", 7, 61, 32, 32, 4, 1);
-  c.causal = true;
-  v.push_back(c);
-  c = make_case("window_softcap", 40, 52, 32, 32);
-  c.wl = 9;
-  c.wr = 3;
-  c.softcap = 8;
-  v.push_back(c);
-  c = make_case("alibi_bias", 29, 31, 32, 32);
-  c.alibi = c.bias = true;
-  v.push_back(c);
-  c = make_case("dropout_causal", 33, 33, 32, 32);
-  c.dropout = 0.25;
-  c.causal = true;
-  v.push_back(c);
-  c = make_case("varlen_empty_gqa", 0, 0, 32, 32, 4, 2);
-  c.lens_q = {5, 0, 17};
-  c.lens_kv = {9, 3, 17};
-  c.causal = true;
-  v.push_back(c);
-  c = make_case("bhsd_layout", 17, 23, 32, 32);
-  c.layout = Layout::bhsd;
-  v.push_back(c);
-  // Attention sinks: an implicit logit 0, and learned per-head logits with
-  // their gradient, over masks that leave rows empty and GQA groups.
-  c = make_case("sink_off_by_one_causal", 31, 20, 32, 32, 4, 2);
-  c.causal = true;
-  c.softmax = SoftmaxType::off_by_one;
-  v.push_back(c);
-  c = make_case("sink_learnable_window_softcap_mqa", 40, 52, 32, 32, 4, 1);
-  c.wl = 9;
-  c.wr = 3;
-  c.softcap = 8;
-  c.softmax = SoftmaxType::learnable;
-  v.push_back(c);
-  c = make_case("sink_learnable_varlen", 0, 0, 32, 32, 4, 2);
-  c.lens_q = {5, 0, 17};
-  c.lens_kv = {9, 3, 17};
-  c.causal = true;
-  c.softmax = SoftmaxType::learnable;
-  v.push_back(c);
-  return v;
-}
-
-// A case as a partial problem: the same rows at global offsets.
-AttentionSpec with_offsets(AttentionSpec s) {
-  s.q_offset = 48;
-  s.kv_offset = 40;
-  return s;
-}
 
 struct Tally {
   int ran = 0, declined = 0;
@@ -95,11 +35,11 @@ TEST(Conformance, EveryBackendAndVariantMatchesTheReferenceWhereItsCheckAccepts)
   const auto naive = make_reference_backend({.accumulate_f64 = false});
   const auto oracle = make_reference_backend();
   std::map<std::string, Tally> tally;
-  for (const FeatureCase& fc : cases()) {
+  for (const FeatureCase& fc : testing::conformance_cases()) {
     for (bool offsets : {false, true}) {
       if (offsets && !fc.lens_q.empty()) continue;
       AttentionSpec spec = fc.spec(77);
-      if (offsets) spec = with_offsets(spec);
+      if (offsets) spec = testing::with_offsets(spec);
       const testing::Problem p32 = testing::make_problem(spec, 5, fc.lens_q, fc.lens_kv);
       const testing::Problem p64 = testing::problem_as_f64(p32);
       const PassResults ref = testing::run_backend(*oracle, p64, true);
@@ -107,6 +47,8 @@ TEST(Conformance, EveryBackendAndVariantMatchesTheReferenceWhereItsCheckAccepts)
       const double grads = std::max({testing::max_abs(ref.dq), testing::max_abs(ref.dk), testing::max_abs(ref.dv)});
       for (const RegisteredBackend& e : entries) {
         const Backend& backend = *e.backend;
+        // Device backends run the same cases in their own suite (tests/backends/cuda).
+        if (!backend.serves(DeviceKind::cpu)) continue;
         const auto variants = backend.variants();
         for (std::size_t vi = 0; vi < variants.size(); ++vi) {
           if (!variants[vi].unavailable.empty()) continue;  // this CPU cannot run it
@@ -154,6 +96,7 @@ TEST(Conformance, EveryBackendAndVariantMatchesTheReferenceWhereItsCheckAccepts)
   }
   // Every registered backend appears (one label per available variant).
   for (const RegisteredBackend& e : entries) {
+    if (!e.backend->serves(DeviceKind::cpu)) continue;  // tested by its own suite, as above
     bool seen = false;
     for (const auto& [label, t] : tally) seen |= label.rfind(std::string(e.backend->name()) + ":", 0) == 0;
     EXPECT_TRUE(seen) << e.backend->name();

@@ -37,6 +37,7 @@ class SelectTest : public ::testing::Test {
     Registry::global().reset_to_builtins();
     Registry::global().unregister_backend("flash");
     Registry::global().unregister_backend("decode");
+    Registry::global().unregister_backend("cuda");  // built with CUDA: serves no host tensors anyway
     set_policy(Policy{});
     fake = std::make_shared<ForwardOnlyMismatchBackend>();
     register_backend(fake, 50);

@@ -1,0 +1,224 @@
+// The cuda backend: its capability check, workspace and launches. The kernels
+// are in forward.cu / backward.cu; this file is plain C++ against the CUDA
+// runtime API.
+#include "attend/backends/cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attend/error.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_params.h"
+#include "kernel/f32_range.h"
+#include "runtime/builtin.h"
+#include "runtime/checked.h"
+
+namespace attend {
+namespace {
+
+using cuda::CudaParams;
+
+// CUDA grids take at most 65535 blocks in y (heads) and z (batch).
+constexpr std::int64_t kMaxGridYZ = 65535;
+constexpr std::size_t kAlign = 256;
+
+std::size_t aligned(std::size_t bytes) { return detail::sat_add_bytes(bytes, kAlign - 1) / kAlign * kAlign; }
+
+// Query rows of all sequences: the workspace's row count.
+std::int64_t query_rows(const AttentionSpec& s) {
+  return s.varlen() ? s.total_q : detail::sat_mul(s.batch, s.seqlen_q);
+}
+
+// Workspace carving: [varlen fault][D: heads x rows][dQ sum: rows x heads x dqk].
+struct WorkspaceLayout {
+  std::size_t fault = 0, delta = 0, dq = 0, total = 0;
+};
+
+WorkspaceLayout layout_for(const AttentionSpec& s, Pass pass) {
+  WorkspaceLayout w;
+  w.fault = s.varlen() ? aligned(sizeof(cuda::VarlenFault)) : 0;
+  w.total = w.fault;
+  if (pass == Pass::backward) {
+    const std::int64_t rows_heads = detail::sat_mul(query_rows(s), s.heads_q);
+    w.delta = aligned(detail::sat_float_bytes(rows_heads, 1));
+    w.dq = aligned(detail::sat_float_bytes(detail::sat_mul(rows_heads, s.head_dim_qk), 1));
+    w.total = detail::sat_add_bytes(detail::sat_add_bytes(w.fault, w.delta), w.dq);
+  }
+  return w;
+}
+
+std::vector<Variant> make_variants() {
+  std::string why;
+  const int n = cuda::device_count(&why);
+  return {{"simt", "FlashAttention-2 tiles on CUDA cores (f32 FMA), sm_80 and later",
+           n > 0 ? "" : "no CUDA device in this process (" + why + ")"}};
+}
+
+CudaParams make_params(const AttentionSpec& s, const Inputs& in, const TensorView& out, const TensorView& lse) {
+  CudaParams p;
+  detail::init_kernel_problem(p, s, in);
+  p.out = out.data;
+  p.so = detail::token_strides(out, s.layout);
+  p.lse = lse.as<float>();
+  p.slse = detail::lse_strides(lse, s.layout);
+  p.varlen = s.varlen();
+  p.rows = query_rows(s);
+  p.total_q = s.total_q;
+  p.total_kv = s.total_kv;
+  return p;
+}
+
+// The cu_seqlens check on the device; throws what validate_contents would for host arrays.
+void check_varlen(const CudaParams& p, void* workspace, cudaStream_t stream) {
+  auto* fault = static_cast<cuda::VarlenFault*>(workspace);
+  cuda::launch_varlen_check(p, fault, stream);
+  cuda::VarlenFault f;
+  cuda::check(cudaMemcpyAsync(&f, fault, sizeof f, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(varlen check)");
+  cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(varlen check)");
+  if (f.which == 0) return;
+  const std::string name = f.which == 1 ? "cu_seqlens_q" : "cu_seqlens_kv";
+  const std::string field = name + "[" + std::to_string(f.index) + "]", value = std::to_string(f.value);
+  switch (f.rule) {
+    case 1: throw Error(ErrorCode::invalid_argument, field, value, "must be 0");
+    case 2: throw Error(ErrorCode::invalid_argument, field, value, "cu_seqlens must be non-decreasing");
+    case 3:
+      throw Error(ErrorCode::invalid_argument, field, value, "exceeds the packed token count",
+                  std::to_string(f.which == 1 ? p.total_q : p.total_kv));
+    default:
+      throw Error(ErrorCode::invalid_argument, field, value,
+                  "sequence " + std::to_string(f.index - 1) + " is longer than spec." +
+                      (f.which == 1 ? "seqlen_q" : "seqlen_kv"),
+                  std::to_string(f.which == 1 ? p.seqlen_q : p.seqlen_kv));
+  }
+}
+
+class CudaBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  bool serves(DeviceKind kind) const override { return kind == DeviceKind::cuda; }
+  std::span<const Variant> variants() const override { return variants_; }
+
+ protected:
+  void supports(const AttentionSpec& s, Pass pass, const Target& target, Support& sup) const override {
+    sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype, [&] {
+      return "dtype=" + std::string(to_string(s.dtype)) + " is not computed by cuda (f32, bf16, f16)";
+    });
+    detail::require_f32_logit_terms(s, name(), sup);
+    const std::int64_t limit = pass == Pass::forward ? kCudaMaxHeadDimForward : kCudaMaxHeadDimBackward;
+    const char* which = pass == Pass::forward ? "forward" : "backward";
+    sup.require(s.head_dim_qk <= limit, ReasonCode::head_dim_qk, [&] {
+      return "head_dim_qk=" + std::to_string(s.head_dim_qk) + " exceeds the cuda " + which + " limit " +
+             std::to_string(limit);
+    });
+    sup.require(s.head_dim_v <= limit, ReasonCode::head_dim_v, [&] {
+      return "head_dim_v=" + std::to_string(s.head_dim_v) + " exceeds the cuda " + which + " limit " +
+             std::to_string(limit);
+    });
+    sup.require(!s.paged(), ReasonCode::layout, [&] {
+      return "kv_page_size=" + std::to_string(s.kv_page_size) + ": paged K/V is not implemented by cuda";
+    });
+    sup.require(!s.has_sink(), ReasonCode::sinks, [&] {
+      return "softmax_type=" + std::string(to_string(s.softmax_type)) + ": attention sinks are not implemented by cuda";
+    });
+    sup.require(s.effective_out_dtype() == s.dtype, ReasonCode::out_dtype, [&] {
+      return "out_dtype=" + std::string(to_string(s.effective_out_dtype())) + ": cuda writes out in the input dtype";
+    });
+    sup.require(s.batch <= kMaxGridYZ && s.heads_q <= kMaxGridYZ, ReasonCode::other, [&] {
+      return "batch=" + std::to_string(s.batch) + ", heads_q=" + std::to_string(s.heads_q) +
+             ": cuda launches one grid row per head and batch entry, at most " + std::to_string(kMaxGridYZ);
+    });
+    if (pass == Pass::backward) {
+      sup.require(!s.bias_requires_grad, ReasonCode::bias_grad,
+                  "bias_requires_grad=true: cuda backward does not compute dbias");
+      sup.require(!s.deterministic, ReasonCode::deterministic,
+                  "deterministic=true: cuda backward sums dQ with atomics, its last bits vary between runs");
+    }
+    if (s.varlen()) sup.note("varlen: cu_seqlens are checked on the device before the kernels (one stream sync)");
+    require_device(s, pass, target, sup);
+  }
+
+  std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target&) const override {
+    return layout_for(s, pass).total;
+  }
+
+  void run_forward(const ForwardArgs& a) const override {
+    const cuda::DeviceScope scope(a.target.device.index);
+    const auto stream = static_cast<cudaStream_t>(a.stream.handle);
+    const CudaParams p = make_params(a.spec, a.in, a.out, a.lse);
+    if (p.varlen) check_varlen(p, a.workspace.data, stream);
+    cuda::launch_forward(p, stream);
+  }
+
+  void run_backward(const BackwardArgs& a) const override {
+    const cuda::DeviceScope scope(a.target.device.index);
+    const auto stream = static_cast<cudaStream_t>(a.stream.handle);
+    CudaParams p = make_params(a.spec, a.in, a.out, a.lse);
+    p.dout = a.dout.data;
+    p.sdo = detail::token_strides(a.dout, a.spec.layout);
+    p.grad_q = a.dq.data;
+    p.grad_k = a.dk.data;
+    p.grad_v = a.dv.data;
+    p.sgq = detail::token_strides(a.dq, a.spec.layout);
+    p.sgk = detail::token_strides(a.dk, a.spec.layout);
+    p.sgv = detail::token_strides(a.dv, a.spec.layout);
+    p.dq_dtype = a.spec.effective_dq_dtype();
+    p.accumulate = a.spec.accumulate_grads;
+    const WorkspaceLayout w = layout_for(a.spec, Pass::backward);
+    auto* base = static_cast<std::byte*>(a.workspace.data);
+    p.delta = reinterpret_cast<float*>(base + w.fault);
+    p.dq_acc = reinterpret_cast<float*>(base + w.fault + w.delta);
+    if (p.varlen) check_varlen(p, base, stream);
+    cuda::launch_backward(p, stream);
+  }
+
+ private:
+  // The device the tensors are on: present, new enough, and with the shared
+  // memory the pass's tiles take.
+  static void require_device(const AttentionSpec& s, Pass pass, const Target& target, Support& sup) {
+    const int index = target.device.index;
+    if (!sup.require(index >= 0 && index < cuda::device_count(), ReasonCode::device,
+                     [&] {
+                       return "device=" + to_string(target.device) + ": this process has " +
+                              std::to_string(cuda::device_count()) + " CUDA device(s)";
+                     })
+             .ok()) {
+      return;
+    }
+    const cuda::DeviceInfo& info = cuda::device_info(index);
+    sup.require(info.error.empty(), ReasonCode::device,
+                [&] { return "device=" + to_string(target.device) + ": " + info.error; });
+    if (!info.error.empty()) return;
+    sup.require(info.major >= 8, ReasonCode::device, [&] {
+      return "device=" + to_string(target.device) + " (" + info.name + ") is sm_" + std::to_string(info.major) +
+             std::to_string(info.minor) + "; the cuda kernels are built for sm_80 and later";
+    });
+    if (s.head_dim_qk > kCudaMaxHeadDimForward || s.head_dim_v > kCudaMaxHeadDimForward) return;
+    if (pass == Pass::backward && (s.head_dim_qk > kCudaMaxHeadDimBackward || s.head_dim_v > kCudaMaxHeadDimBackward)) {
+      return;
+    }
+    const std::size_t need = pass == Pass::forward ? cuda::forward_smem_bytes(s.head_dim_qk, s.head_dim_v)
+                                                   : cuda::backward_smem_bytes(s.head_dim_qk, s.head_dim_v);
+    sup.require(need <= info.smem_optin, ReasonCode::memory, [&] {
+      return "head dims " + std::to_string(s.head_dim_qk) + "/" + std::to_string(s.head_dim_v) + ": the " +
+             std::string(to_string(pass)) + " tiles take " + std::to_string(need) + " bytes of shared memory, " +
+             to_string(target.device) + " (" + info.name + ") allows " + std::to_string(info.smem_optin);
+    });
+  }
+
+  std::vector<Variant> variants_ = make_variants();
+};
+
+}  // namespace
+
+std::shared_ptr<const Backend> make_cuda_backend() { return std::make_shared<CudaBackend>(); }
+
+namespace backends {
+// Above every CPU backend: it is the only one serving cuda tensors, and the
+// selector never offers it host tensors (its check declines them).
+void register_cuda(detail::BuiltinBackends& list) { list.add(make_cuda_backend(), 200); }
+}  // namespace backends
+
+}  // namespace attend

@@ -1,0 +1,60 @@
+// The cuda backend's kernel parameters: KernelProblem (sizes, logit terms,
+// masks, tensors and strides, the dropout mask: what every fused kernel
+// derives the same way) plus the outputs, gradients and workspace pointers.
+// Plain values and device pointers, passed to the kernels by value.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernel/kernel_problem.h"
+
+namespace attend::cuda {
+
+struct CudaParams : detail::KernelProblem {
+  void* out = nullptr;  // forward: written; backward: read
+  detail::TokenStrides so;
+  float* lse = nullptr;  // (B,H,Sq) or (H,total_q), f32
+  detail::TokenStrides slse;
+
+  // backward
+  const void* dout = nullptr;
+  detail::TokenStrides sdo;
+  void *grad_q = nullptr, *grad_k = nullptr, *grad_v = nullptr;  // dq, dk, dv
+  detail::TokenStrides sgq, sgk, sgv;
+  DType dq_dtype = DType::f32;
+  bool accumulate = false;  // add into dq/dk/dv instead of overwriting them
+  // Workspace: the f32 dQ sum (rows x heads_q x dqk) and D_i = dO_i . O_i
+  // (heads_q x rows), where a query row's index is b * seqlen_q + i, or its
+  // packed row for varlen.
+  float* dq_acc = nullptr;
+  float* delta = nullptr;
+
+  bool varlen = false;
+  std::int64_t rows = 0;                   // query rows of all sequences (B*Sq, or total_q)
+  std::int64_t total_q = 0, total_kv = 0;  // varlen: the packed tensors' extents
+};
+
+// The first cu_seqlens entry that breaks the rules, as the device check finds it.
+struct VarlenFault {
+  std::int32_t which = 0;  // 0: none, 1: cu_seqlens_q, 2: cu_seqlens_kv
+  std::int32_t index = 0;
+  std::int32_t value = 0;
+  std::int32_t rule = 0;  // 1: cu[0] != 0, 2: decreasing, 3: past the packed rows, 4: longer than the maximum
+};
+
+// Each queues its kernels on `stream` and throws attend::Error when a launch fails.
+void launch_varlen_check(const CudaParams& p, VarlenFault* fault, cudaStream_t stream);
+void launch_forward(const CudaParams& p, cudaStream_t stream);
+void launch_backward(const CudaParams& p, cudaStream_t stream);
+
+// Dynamic shared memory the kernels ask for, in bytes (the check compares it
+// with the device's opt-in limit).
+std::size_t forward_smem_bytes(std::int64_t dqk, std::int64_t dv);
+std::size_t backward_smem_bytes(std::int64_t dqk, std::int64_t dv);
+
+// Throws attend::Error(unsupported) naming `what` when `status` is an error.
+void check(cudaError_t status, const char* what);
+
+}  // namespace attend::cuda
