@@ -272,26 +272,34 @@ void run_problem(const attend::Backend& backend, const HostPool& pool, const Sha
   const attend::Target target{attend::Device::cuda(0), -1};
   const std::int64_t pairs = s.batch * attend::detail::visible_pairs(s, s.seqlen_q, s.seqlen_kv);  // dense: B x one
   char prefix[128];
-  const auto row_prefix = [&](Pass pass) {
-    std::snprintf(prefix, sizeof prefix, "%-8s  %-5s %2lld %3lld %5lld %4lld  %-6s",
-                  std::string(to_string(pass)).c_str(), std::string(to_string(s.dtype)).c_str(),
-                  static_cast<long long>(s.batch), static_cast<long long>(s.heads_q), static_cast<long long>(sh.s),
-                  static_cast<long long>(sh.d), sh.causal ? "yes" : "no");
+  const auto row_prefix = [&](Pass pass, int variant) {
+    std::snprintf(
+        prefix, sizeof prefix, "%-8s  %-4s  %-5s %2lld %3lld %5lld %4lld  %-6s", std::string(to_string(pass)).c_str(),
+        variant < 0 ? "-" : backend.variants()[static_cast<std::size_t>(variant)].name.c_str(),
+        std::string(to_string(s.dtype)).c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads_q),
+        static_cast<long long>(sh.s), static_cast<long long>(sh.d), sh.causal ? "yes" : "no");
     return prefix;
   };
-  const auto print_row = [&](Pass pass, const Timing& t) {
+  const auto print_row = [&](Pass pass, int variant, const Timing& t) {
     const std::int64_t flops =
         pass == Pass::forward ? attend::detail::forward_flops(s, pairs) : attend::detail::backward_flops(s, pairs);
     const double tflops = static_cast<double>(flops) / (t.best_ms * 1e-3) / 1e12;
     char ratio[32] = "-";
     if (peak > 0) std::snprintf(ratio, sizeof ratio, "%.3f", tflops / peak);
-    std::printf("%s  %9.3f  %9.3f  %8.2f  %s\n", row_prefix(pass), t.best_ms, t.median_ms, tflops, ratio);
+    std::printf("%s  %9.3f  %9.3f  %8.2f  %s\n", row_prefix(pass, variant), t.best_ms, t.median_ms, tflops, ratio);
   };
 
   const auto declined = [&](Pass pass) {
     const attend::Support sup = backend.check(s, pass, target);
-    if (!sup.ok()) std::printf("%s  skipped: %s\n", row_prefix(pass), sup.to_string().c_str());
+    if (!sup.ok()) std::printf("%s  skipped: %s\n", row_prefix(pass, -1), sup.to_string().c_str());
     return !sup.ok();
+  };
+  // Every variant that takes the pass gets its own row.
+  const auto each_variant = [&](Pass pass, auto&& body) {
+    for (std::size_t vi = 0; vi < backend.variants().size(); ++vi) {
+      const attend::Target t{attend::Device::cuda(0), static_cast<int>(vi)};
+      if (backend.check(s, pass, t, attend::Support::Detail::codes).ok()) body(static_cast<int>(vi), t);
+    }
   };
   if (declined(Pass::forward)) return;
 
@@ -320,7 +328,11 @@ void run_problem(const attend::Backend& backend, const HostPool& pool, const Sha
   const std::size_t fws = backend.workspace_bytes(s, Pass::forward, target);
   const DeviceBuffer fw(fws);
   const attend::ForwardArgs fargs{s, in, out_view, lse_view, attend::Workspace{fw.get(), fws}, target, {}};
-  print_row(Pass::forward, time_on_device(o.warmup, o.reps, [&] { backend.forward(fargs); }));
+  each_variant(Pass::forward, [&](int vi, const attend::Target& t) {
+    attend::ForwardArgs a = fargs;
+    a.target = t;
+    print_row(Pass::forward, vi, time_on_device(o.warmup, o.reps, [&] { backend.forward(a); }));
+  });
 
   if (declined(Pass::backward)) return;
   backend.forward(fargs);  // out and lse for the backward
@@ -329,7 +341,11 @@ void run_problem(const attend::Backend& backend, const HostPool& pool, const Sha
   const attend::BackwardArgs bargs{s,        in,       out_view, lse_view, view(dout),
                                    view(dq), view(dk), view(dv), {},       attend::Workspace{bw.get(), bws},
                                    target,   {}};
-  print_row(Pass::backward, time_on_device(o.warmup, o.reps, [&] { backend.backward(bargs); }));
+  each_variant(Pass::backward, [&](int vi, const attend::Target& t) {
+    attend::BackwardArgs a = bargs;
+    a.target = t;
+    print_row(Pass::backward, vi, time_on_device(o.warmup, o.reps, [&] { backend.backward(a); }));
+  });
 }
 
 int run(const Options& o) {
@@ -342,7 +358,8 @@ int run(const Options& o) {
   check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf("device: %s (sm_%d%d, %d SMs, %.0f GiB)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
               static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
-  std::printf("variant: %s\n", backend->variants()[static_cast<std::size_t>(backend->default_variant())].name.c_str());
+  for (const attend::Variant& v : backend->variants())
+    std::printf("variant %s: %s\n", v.name.c_str(), v.summary.c_str());
   // What the selector says for device tensors: MLA head dims (192/128) have a
   // forward here but no backward, so training declines cuda and inference takes it.
   {
@@ -378,8 +395,8 @@ int run(const Options& o) {
     peak_bf16 = gemm_peak(cublas, pool, DType::bf16, o.gemm_n, o.warmup, o.reps);
   }
 
-  std::printf("%-8s  %-5s %2s %3s %5s %4s  %-6s  %9s  %9s  %8s  %s\n", "pass", "dtype", "B", "H", "S", "D", "causal",
-              "best_ms", "median_ms", "TFLOP/s", "vs_gemm");
+  std::printf("%-8s  %-4s  %-5s %2s %3s %5s %4s  %-6s  %9s  %9s  %8s  %s\n", "pass", "var", "dtype", "B", "H", "S", "D",
+              "causal", "best_ms", "median_ms", "TFLOP/s", "vs_gemm");
   int failures = 0;
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (std::int64_t d : {64, 128}) {

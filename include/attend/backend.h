@@ -125,8 +125,9 @@ struct Variant {
 };
 
 // Where and how a backend runs a problem: the tensors' device and one of its
-// variants (an index into Backend::variants(); -1: the backend's default under
-// the current policy, see Backend::default_variant).
+// variants (an index into Backend::variants(); -1: the first variant, in the
+// backend's order and within the current policy, whose check accepts the pass,
+// else Backend::default_variant).
 struct Target {
   Device device{};
   int variant = -1;
@@ -252,7 +253,7 @@ class Backend {
 
  private:
   friend struct PlanAccess;
-  Target resolve(const Target& target) const;
+  Target resolve(const AttentionSpec& spec, Pass pass, const Target& target) const;
 };
 
 // Tensor validation used by Backend::forward/backward and plans (exposed for

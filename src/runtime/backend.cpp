@@ -85,9 +85,21 @@ int Backend::default_variant() const {
               "no variant of this backend can run here within the ISA policy");
 }
 
-Target Backend::resolve(const Target& target) const {
+Target Backend::resolve(const AttentionSpec& spec, Pass pass, const Target& target) const {
   Target t = target;
-  if (t.variant < 0) t.variant = default_variant();
+  if (t.variant < 0) {
+    // The first runnable variant that takes this pass: a backend whose variants
+    // differ in what they compute (a forward-only tensor-core variant beside a
+    // general one) then serves a direct call as the selector would.
+    const auto all = variants();
+    const int cap = detail::policy_isa_cap();
+    for (std::size_t i = 0; i < all.size() && t.variant < 0; ++i) {
+      if (!all[i].unavailable.empty() || all[i].isa_level > cap) continue;
+      const Target candidate{t.device, static_cast<int>(i)};
+      if (check(spec, pass, candidate, Support::Detail::codes).ok()) t.variant = candidate.variant;
+    }
+    if (t.variant < 0) t.variant = default_variant();
+  }
   if (static_cast<std::size_t>(t.variant) >= variants().size()) {
     throw Error(ErrorCode::invalid_argument, "target.variant", std::to_string(t.variant),
                 std::string(name()) + " has " + std::to_string(variants().size()) + " variants");
@@ -109,7 +121,7 @@ Support Backend::check(const AttentionSpec& spec, Pass pass, const Target& targe
     });
     return sup;
   }
-  const Target t = resolve(target);
+  const Target t = resolve(spec, pass, target);
   sup.require(serves(t.device.kind), ReasonCode::device, [&] {
     return "tensors on " + to_string(t.device) + ": " + std::string(name()) + " does not serve " +
            std::string(to_string(t.device.kind)) + " memory";
@@ -122,7 +134,7 @@ Support Backend::check(const AttentionSpec& spec, Pass pass, const Target& targe
 }
 
 std::size_t Backend::workspace_bytes(const AttentionSpec& spec, Pass pass, const Target& target) const {
-  return scratch_bytes(spec, pass, resolve(target));
+  return scratch_bytes(spec, pass, resolve(spec, pass, target));
 }
 
 namespace detail {
@@ -184,7 +196,7 @@ void gated(const Backend& b, Pass pass, const Args& args, const Target& resolved
 void Backend::forward(const ForwardArgs& args) const {
   validate_forward(args);
   gated(
-      *this, Pass::forward, args, resolve(args.target),
+      *this, Pass::forward, args, resolve(args.spec, Pass::forward, {args.in.q.device, args.target.variant}),
       [&](const Target& t) { return scratch_bytes(args.spec, Pass::forward, t); },
       [&](const ForwardArgs& run) { run_forward(run); });
 }
@@ -192,7 +204,7 @@ void Backend::forward(const ForwardArgs& args) const {
 void Backend::backward(const BackwardArgs& args) const {
   validate_backward(args);
   gated(
-      *this, Pass::backward, args, resolve(args.target),
+      *this, Pass::backward, args, resolve(args.spec, Pass::backward, {args.in.q.device, args.target.variant}),
       [&](const Target& t) { return scratch_bytes(args.spec, Pass::backward, t); },
       [&](const BackwardArgs& run) { run_backward(run); });
 }

@@ -50,11 +50,18 @@ WorkspaceLayout layout_for(const AttentionSpec& s, Pass pass) {
   return w;
 }
 
+// Variants, best first. mma: the bf16/f16 forward on tensor cores; simt: every
+// dtype and both passes on CUDA cores. Training takes simt (mma has no
+// backward), inference of half dtypes mma.
+enum VariantIndex { kMma = 0, kSimt = 1 };
+
 std::vector<Variant> make_variants() {
   std::string why;
   const int n = cuda::device_count(&why);
-  return {{"simt", "FlashAttention-2 tiles on CUDA cores (f32 FMA), sm_80 and later",
-           n > 0 ? "" : "no CUDA device in this process (" + why + ")"}};
+  const std::string unavailable = n > 0 ? "" : "no CUDA device in this process (" + why + ")";
+  return {
+      {"mma", "bf16/f16 forward on tensor cores (mma.sync m16n8k16, f32 accumulators), sm_80 and later", unavailable},
+      {"simt", "FlashAttention-2 tiles on CUDA cores (f32 FMA), both passes, sm_80 and later", unavailable}};
 }
 
 CudaParams make_params(const AttentionSpec& s, const Inputs& in, const TensorView& out, const TensorView& lse) {
@@ -136,6 +143,14 @@ class CudaBackend final : public Backend {
       sup.require(!s.deterministic, ReasonCode::deterministic,
                   "deterministic=true: cuda backward sums dQ with atomics, its last bits vary between runs");
     }
+    if (target.variant == kMma) {
+      sup.require(s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype, [&] {
+        return "dtype=" + std::string(to_string(s.dtype)) +
+               ": the mma variant multiplies bf16/f16 on tensor cores (simt computes f32)";
+      });
+      sup.require(pass == Pass::forward, ReasonCode::no_backward,
+                  "the mma variant has no backward yet: training runs the simt variant");
+    }
     if (s.varlen()) sup.note("varlen: cu_seqlens are checked on the device before the kernels (one stream sync)");
     require_device(s, pass, target, sup);
   }
@@ -149,7 +164,11 @@ class CudaBackend final : public Backend {
     const auto stream = static_cast<cudaStream_t>(a.stream.handle);
     const CudaParams p = make_params(a.spec, a.in, a.out, a.lse);
     if (p.varlen) check_varlen(p, a.workspace.data, stream);
-    cuda::launch_forward(p, stream);
+    if (a.target.variant == kMma) {
+      cuda::launch_forward_mma(p, stream);
+    } else {
+      cuda::launch_forward(p, stream);
+    }
   }
 
   void run_backward(const BackwardArgs& a) const override {
@@ -199,8 +218,9 @@ class CudaBackend final : public Backend {
     if (pass == Pass::backward && (s.head_dim_qk > kCudaMaxHeadDimBackward || s.head_dim_v > kCudaMaxHeadDimBackward)) {
       return;
     }
-    const std::size_t need = pass == Pass::forward ? cuda::forward_smem_bytes(s.head_dim_qk, s.head_dim_v)
-                                                   : cuda::backward_smem_bytes(s.head_dim_qk, s.head_dim_v);
+    const std::size_t need = pass == Pass::backward   ? cuda::backward_smem_bytes(s.head_dim_qk, s.head_dim_v)
+                             : target.variant == kMma ? cuda::forward_mma_smem_bytes(s.head_dim_qk, s.head_dim_v)
+                                                      : cuda::forward_smem_bytes(s.head_dim_qk, s.head_dim_v);
     sup.require(need <= info.smem_optin, ReasonCode::memory, [&] {
       return "head dims " + std::to_string(s.head_dim_qk) + "/" + std::to_string(s.head_dim_v) + ": the " +
              std::string(to_string(pass)) + " tiles take " + std::to_string(need) + " bytes of shared memory, " +

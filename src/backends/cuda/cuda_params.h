@@ -47,11 +47,13 @@ struct VarlenFault {
 // Each queues its kernels on `stream` and throws attend::Error when a launch fails.
 void launch_varlen_check(const CudaParams& p, VarlenFault* fault, cudaStream_t stream);
 void launch_forward(const CudaParams& p, cudaStream_t stream);
+void launch_forward_mma(const CudaParams& p, cudaStream_t stream);  // bf16/f16 on tensor cores
 void launch_backward(const CudaParams& p, cudaStream_t stream);
 
 // Dynamic shared memory the kernels ask for, in bytes (the check compares it
 // with the device's opt-in limit).
 std::size_t forward_smem_bytes(std::int64_t dqk, std::int64_t dv);
+std::size_t forward_mma_smem_bytes(std::int64_t dqk, std::int64_t dv);
 std::size_t backward_smem_bytes(std::int64_t dqk, std::int64_t dv);
 
 // Throws attend::Error(unsupported) naming `what` when `status` is an error.

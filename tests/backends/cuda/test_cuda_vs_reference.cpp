@@ -115,8 +115,10 @@ DeviceProblem upload(DeviceArena& mem, const testing::Problem& p) {
 // testing::run_backend on the device: forward (and backward) through the
 // Backend interface with device workspace, results copied back. Gradients
 // start at `grad_init` (accumulate_grads adds to them; NaN: must be overwritten).
+// `forward_variant` names the forward's variant (empty: the default, which
+// for bf16/f16 is the tensor-core "mma"; backward always resolves to "simt").
 testing::PassResults run_cuda(const Backend& backend, const testing::Problem& p, bool grads, double grad_init = 0,
-                              Stream stream = {}) {
+                              Stream stream = {}, const std::string& forward_variant = {}) {
   const AttentionSpec& s = p.spec;
   DeviceArena mem;
   const DeviceProblem d = upload(mem, p);
@@ -130,8 +132,12 @@ testing::PassResults run_cuda(const Backend& backend, const testing::Problem& p,
   // The copies and fills above are on the legacy default stream, which a
   // non-blocking `stream` does not wait for.
   CUDA_CHECK(cudaDeviceSynchronize());
-  const std::size_t fws = backend.workspace_bytes(s, Pass::forward, kCuda);
-  backend.forward(ForwardArgs{s, d.in, out, lse, Workspace{mem.allocate(fws), fws}, kCuda, stream});
+  const Target ft{Device::cuda(0), forward_variant.empty() ? -1 : backend.find_variant(forward_variant)};
+  if (!forward_variant.empty()) {
+    EXPECT_GE(ft.variant, 0) << forward_variant;
+  }
+  const std::size_t fws = backend.workspace_bytes(s, Pass::forward, ft);
+  backend.forward(ForwardArgs{s, d.in, out, lse, Workspace{mem.allocate(fws), fws}, ft, stream});
   CUDA_CHECK(cudaDeviceSynchronize());
   testing::PassResults r;
   r.out = download(out);
@@ -189,17 +195,23 @@ void expect_f32_matches_reference(const Backend& cuda, const testing::Problem& p
   testing::expect_within_baseline("dv", got.dv, base.dv, ref.dv, 3, g);
 }
 
-// A bf16/f16 problem under the half-precision baseline (support/half_baseline.h).
+// A bf16/f16 problem under the half-precision baseline (support/half_baseline.h),
+// with the forward on each variant: tensor cores (mma) and CUDA cores (simt).
 void expect_half_matches_reference(const Backend& cuda, const testing::Problem& half, bool grads) {
   const DType dt = half.spec.dtype;
-  const testing::PassResults got = run_cuda(cuda, half, grads);
-  EXPECT_EQ(got.out.view().dtype, dt);
-  EXPECT_EQ(got.lse.view().dtype, DType::f32);
-  if (grads) {
-    EXPECT_EQ(got.dq.view().dtype, dt);
-  }
   const testing::HalfBaseline b = testing::half_baseline(half, testing::problem_as(half, DType::f64), grads);
-  testing::expect_half_results(got, b, dt, grads);
+  for (const char* variant : {"mma", "simt"}) {
+    SCOPED_TRACE(std::string("forward variant ") + variant);
+    const Support fwd = cuda.check(half.spec, Pass::forward, Target{Device::cuda(0), cuda.find_variant(variant)});
+    ASSERT_TRUE(fwd.ok()) << fwd.to_string();
+    const testing::PassResults got = run_cuda(cuda, half, grads, 0, {}, variant);
+    EXPECT_EQ(got.out.view().dtype, dt);
+    EXPECT_EQ(got.lse.view().dtype, DType::f32);
+    if (grads) {
+      EXPECT_EQ(got.dq.view().dtype, dt);
+    }
+    testing::expect_half_results(got, b, dt, grads);
+  }
 }
 
 // --- a. the conformance cases -------------------------------------------------
@@ -478,14 +490,25 @@ TEST(Cuda, PublicEntryPointsSelectCudaAndMatchTheDirectCall) {
     s.window_left = 20;
     testing::Problem p = testing::make_problem(s, 71);
     if (dt != DType::f32) p = testing::problem_as(p, dt);
-    const testing::PassResults direct = run_cuda(*cuda, p, true);
+    // Training needs both passes on one variant: simt (mma has no backward).
+    const testing::PassResults direct = run_cuda(*cuda, p, true, 0, {}, "simt");
 
     DeviceArena mem;
     const DeviceProblem d = upload(mem, p);
     CallOptions options;
     options.allocator = &cuda_allocator();
+    if (dt != DType::f32) {
+      // Inference of a half dtype takes the tensor-core forward.
+      const ForwardResult inf = attend::forward(d.in, p.spec, Mode::inference, options);
+      EXPECT_EQ(inf.ctx.selection().variant_name(), "mma");
+      const testing::PassResults mma = run_cuda(*cuda, p, false, 0, {}, "mma");
+      CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_TRUE(testing::bitwise_equal(download(inf.out), mma.out));
+      EXPECT_TRUE(testing::bitwise_equal(download(inf.lse), mma.lse));
+    }
     const ForwardResult fr = attend::forward(d.in, p.spec, Mode::training, options);
     EXPECT_EQ(fr.ctx.backend().name(), "cuda");
+    EXPECT_EQ(fr.ctx.selection().variant_name(), "simt");
     EXPECT_TRUE(fr.out.view().device == Device::cuda(0));
     const Gradients g = attend::backward(fr.ctx, d.dout, options);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -571,7 +594,7 @@ TEST(CudaSelection, TrainingWithHeadDims192And128IsDeclinedForTheBackward) {
   EXPECT_EQ(sel.backend, nullptr);
   const Verdict* v = nullptr;
   for (const Verdict& x : sel.verdicts) {
-    if (x.backend == "cuda" && !v) v = &x;
+    if (x.backend == "cuda" && x.variant == "simt") v = &x;  // mma has no backward at all
   }
   ASSERT_NE(v, nullptr) << sel.explain();
   ASSERT_TRUE(v->backward.has_value());
@@ -589,7 +612,7 @@ TEST(CudaSelection, TrainingWithHeadDims192And128IsDeclinedForTheBackward) {
     EXPECT_TRUE(v->variant_excluded.empty()) << v->variant_excluded;
     EXPECT_TRUE(v->forward.ok()) << v->forward.to_string();
     EXPECT_TRUE(v->backward->failed(ReasonCode::head_dim_qk)) << v->backward->to_string();
-    const Support bwd = cuda->check(s, Pass::backward, Target{Device::cuda(0)});
+    const Support bwd = cuda->check(s, Pass::backward, Target{Device::cuda(0), cuda->find_variant("simt")});
     EXPECT_TRUE(bwd.failed(ReasonCode::head_dim_qk)) << bwd.to_string();
     EXPECT_NE(bwd.to_string().find("192"), std::string::npos) << bwd.to_string();
     const Support fwd = cuda->check(s, Pass::forward, Target{Device::cuda(0)});
