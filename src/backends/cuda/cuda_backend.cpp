@@ -23,6 +23,7 @@ using cuda::CudaParams;
 
 // CUDA grids take at most 65535 blocks in y (heads) and z (batch).
 constexpr std::int64_t kMaxGridYZ = 65535;
+constexpr std::int64_t kMaxGridX = 2147483647;
 constexpr std::size_t kAlign = 256;
 
 std::size_t aligned(std::size_t bytes) { return detail::sat_add_bytes(bytes, kAlign - 1) / kAlign * kAlign; }
@@ -136,6 +137,16 @@ class CudaBackend final : public Backend {
     sup.require(s.batch <= kMaxGridYZ && s.heads_q <= kMaxGridYZ, ReasonCode::other, [&] {
       return "batch=" + std::to_string(s.batch) + ", heads_q=" + std::to_string(s.heads_q) +
              ": cuda launches one grid row per head and batch entry, at most " + std::to_string(kMaxGridYZ);
+    });
+    // Grid x: 64-row blocks of a sequence; in backward also one thread per dq
+    // element and a warp per (row, head). Saturating products: any spec gets an answer.
+    const std::int64_t rows_heads = detail::sat_mul(query_rows(s), s.heads_q);
+    const std::int64_t threads_x = std::max({detail::sat_mul(std::max(s.seqlen_q, s.seqlen_kv), 4),
+                                             pass == Pass::backward ? detail::sat_mul(rows_heads, 32) : 0,
+                                             pass == Pass::backward ? detail::sat_mul(rows_heads, s.head_dim_qk) : 0});
+    sup.require(threads_x / 256 < kMaxGridX, ReasonCode::seqlen, [&] {
+      return "seqlen_q=" + std::to_string(s.seqlen_q) + ", seqlen_kv=" + std::to_string(s.seqlen_kv) +
+             ": more blocks than a CUDA grid's x dimension holds (" + std::to_string(kMaxGridX) + ")";
     });
     if (pass == Pass::backward) {
       sup.require(!s.bias_requires_grad, ReasonCode::bias_grad,
