@@ -330,14 +330,10 @@ unsigned blocks_for(i64 n) { return static_cast<unsigned>((n + kThreads - 1) / k
 
 template <typename T, int DQM, int DVM>
 void launch_keys(const CudaParams& p, cudaStream_t stream) {
-  const std::size_t bytes = carve(p.dqk, p.dv, DQM, DVM).total() * sizeof(float);
-  check(cudaFuncSetAttribute(key_block_kernel<T, DQM, DVM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes)),
-        "cudaFuncSetAttribute(backward)");
   const dim3 grid(static_cast<unsigned>((p.seqlen_kv + kBN - 1) / kBN), static_cast<unsigned>(p.heads_kv),
                   static_cast<unsigned>(p.batch));
-  key_block_kernel<T, DQM, DVM><<<grid, kThreads, bytes, stream>>>(p);
-  check(cudaGetLastError(), "backward kernel launch");
+  launch_with_smem(key_block_kernel<T, DQM, DVM>, p, grid, kThreads,
+                   carve(p.dqk, p.dv, DQM, DVM).total() * sizeof(float), stream, "backward key-block launch");
 }
 
 template <typename T>

@@ -118,4 +118,20 @@ __device__ inline i64 row_index(const CudaParams& p, i64 b, const detail::SeqSpa
   return p.varlen ? s.q_begin + i : b * p.seqlen_q + i;
 }
 
+// Launches `kernel(p)` on a grid of `grid` blocks of `threads` with `bytes` of
+// dynamic shared memory (opted into first: above 48 KiB a kernel must ask).
+template <class Kernel>
+void launch_with_smem(Kernel kernel, const CudaParams& p, dim3 grid, int threads, std::size_t bytes,
+                      cudaStream_t stream, const char* what) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), what);
+  kernel<<<grid, threads, bytes, stream>>>(p);
+  check(cudaGetLastError(), what);
+}
+
+// The forward grids: one block per `rows_per_block` query rows, head and sequence.
+inline dim3 query_block_grid(const CudaParams& p, int rows_per_block) {
+  return {static_cast<unsigned>((p.seqlen_q + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(p.heads_q),
+          static_cast<unsigned>(p.batch)};
+}
+
 }  // namespace attend::cuda

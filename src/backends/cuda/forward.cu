@@ -178,14 +178,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const CudaParams p) {
 
 template <typename T, int DVM>
 void launch(const CudaParams& p, cudaStream_t stream) {
-  const std::size_t bytes = smem_floats(p.dqk, DVM) * sizeof(float);
-  check(cudaFuncSetAttribute(forward_kernel<T, DVM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes)),
-        "cudaFuncSetAttribute(forward)");
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kBM - 1) / kBM), static_cast<unsigned>(p.heads_q),
-                  static_cast<unsigned>(p.batch));
-  forward_kernel<T, DVM><<<grid, kThreads, bytes, stream>>>(p);
-  check(cudaGetLastError(), "forward kernel launch");
+  launch_with_smem(forward_kernel<T, DVM>, p, query_block_grid(p, kBM), kThreads,
+                   smem_floats(p.dqk, DVM) * sizeof(float), stream, "forward (simt) launch");
 }
 
 template <typename T>

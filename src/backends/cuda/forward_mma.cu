@@ -239,14 +239,8 @@ __global__ void __launch_bounds__(kMmaThreads) forward_mma_kernel(const CudaPara
 
 template <typename T, int DVM>
 void launch(const CudaParams& p, cudaStream_t stream) {
-  const std::size_t bytes = smem_elems(p.dqk, DVM) * sizeof(T);
-  check(cudaFuncSetAttribute(forward_mma_kernel<T, DVM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes)),
-        "cudaFuncSetAttribute(forward mma)");
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + kBM - 1) / kBM), static_cast<unsigned>(p.heads_q),
-                  static_cast<unsigned>(p.batch));
-  forward_mma_kernel<T, DVM><<<grid, kMmaThreads, bytes, stream>>>(p);
-  check(cudaGetLastError(), "forward mma kernel launch");
+  launch_with_smem(forward_mma_kernel<T, DVM>, p, query_block_grid(p, kBM), kMmaThreads,
+                   smem_elems(p.dqk, DVM) * sizeof(T), stream, "forward (mma) launch");
 }
 
 template <typename T>
