@@ -126,8 +126,8 @@ struct Variant {
 
 // Where and how a backend runs a problem: the tensors' device and one of its
 // variants (an index into Backend::variants(); -1: the first variant, in the
-// backend's order and within the current policy, whose check accepts the pass,
-// else Backend::default_variant).
+// backend's order and within the current policy, whose check accepts the pass;
+// when none does, the last such variant, whose reasons the check then gives).
 struct Target {
   Device device{};
   int variant = -1;
@@ -224,9 +224,10 @@ class Backend {
   void forward(const ForwardArgs& args) const;
   void backward(const BackwardArgs& args) const;
 
-  // The variant used for Target::variant = -1: the first available one (in the
-  // backend's order) within the current policy's ATTEND_ISA level. Throws
-  // attend::Error when none is, e.g. ATTEND_ISA names an ISA this CPU lacks.
+  // The first available variant (in the backend's order) within the current
+  // policy's ATTEND_ISA level: what Target::variant = -1 means where every
+  // variant computes the same (see Target). Throws attend::Error when none is,
+  // e.g. ATTEND_ISA names an ISA this CPU lacks.
   int default_variant() const;
   // Index of the variant called `name`, or -1.
   int find_variant(std::string_view name) const;

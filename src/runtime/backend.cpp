@@ -91,14 +91,17 @@ Target Backend::resolve(const AttentionSpec& spec, Pass pass, const Target& targ
     // The first runnable variant that takes this pass: a backend whose variants
     // differ in what they compute (a forward-only tensor-core variant beside a
     // general one) then serves a direct call as the selector would.
+    // When none does, the last runnable one answers: variants go best first,
+    // so the last is the most general and its reasons are the telling ones.
     const auto all = variants();
     const int cap = detail::policy_isa_cap();
+    int last = -1;
     for (std::size_t i = 0; i < all.size() && t.variant < 0; ++i) {
       if (!all[i].unavailable.empty() || all[i].isa_level > cap) continue;
-      const Target candidate{t.device, static_cast<int>(i)};
-      if (check(spec, pass, candidate, Support::Detail::codes).ok()) t.variant = candidate.variant;
+      last = static_cast<int>(i);
+      if (check(spec, pass, Target{t.device, last}, Support::Detail::codes).ok()) t.variant = last;
     }
-    if (t.variant < 0) t.variant = default_variant();
+    if (t.variant < 0) t.variant = last >= 0 ? last : default_variant();
   }
   if (static_cast<std::size_t>(t.variant) >= variants().size()) {
     throw Error(ErrorCode::invalid_argument, "target.variant", std::to_string(t.variant),
