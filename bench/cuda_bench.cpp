@@ -351,7 +351,7 @@ void run_problem(const attend::Backend& backend, const HostPool& pool, const Sha
 int run(const Options& o) {
   const auto backend = attend::make_cuda_backend();
   if (attend::cuda_device_count() == 0) {
-    std::fprintf(stderr, "cuda_bench: nothing to measure: %s\n", backend->variants()[0].unavailable.c_str());
+    std::fprintf(stderr, "cuda_bench: nothing to measure: the CUDA runtime reports no device\n");
     return 1;
   }
   cudaDeviceProp prop{};

@@ -1,8 +1,9 @@
 // The cuda backend: fused attention on NVIDIA GPUs (FlashAttention-2's
 // algorithm on CUDA cores), forward and backward, on tensors in device memory.
-// Built when CMake finds a CUDA compiler (ATTEND_CUDA=AUTO|ON|OFF); without a
-// GPU at run time every check declines with the reason, so a CPU-only process
-// links it harmlessly.
+// Built when CMake finds a CUDA compiler (ATTEND_CUDA=AUTO|ON|OFF; CMake's
+// find_package(attend) sets attend_WITH_CUDA). Without a GPU at run time every
+// check on a cuda device declines with the reason; the driver is asked only
+// then, so a CPU-only process links it harmlessly.
 //
 // Supports f32, bf16 and f16 storage (f32 arithmetic, f32 LSE, results rounded
 // once to the output dtype); forward head dims up to kCudaMaxHeadDimForward
@@ -14,7 +15,10 @@
 // (cu_seqlens are checked on the device before the kernels, with one stream
 // synchronisation), any strides with a contiguous head dim, accumulate_grads
 // and an f32 dq. Not yet: paged K/V, attention sinks, an f32 out for half
-// inputs, and a deterministic backward (dQ is summed with atomics).
+// inputs, a deterministic backward (dQ is summed with atomics), and the
+// non-finite rule (docs/design.md): masked pairs' zero weights meet their
+// NaN/inf values here. Two variants: "mma" (the bf16/f16 forward on tensor
+// cores, no backward) and "simt" (every dtype, both passes, CUDA cores).
 //
 // Work is queued on ForwardArgs::stream / BackwardArgs::stream (a cudaStream_t;
 // null: the default stream) and the call returns before it finishes, as CUDA

@@ -56,13 +56,13 @@ WorkspaceLayout layout_for(const AttentionSpec& s, Pass pass) {
 // backward), inference of half dtypes mma.
 enum VariantIndex { kMma = 0, kSimt = 1 };
 
+// No variant is marked unavailable: that would ask the CUDA driver at
+// registration, in every process that uses attend, GPU or not (initialising
+// it before a fork leaves the children without CUDA). The device is looked at
+// only when a check sees tensors on it (require_device).
 std::vector<Variant> make_variants() {
-  std::string why;
-  const int n = cuda::device_count(&why);
-  const std::string unavailable = n > 0 ? "" : "no CUDA device in this process (" + why + ")";
-  return {
-      {"mma", "bf16/f16 forward on tensor cores (mma.sync m16n8k16, f32 accumulators), sm_80 and later", unavailable},
-      {"simt", "FlashAttention-2 tiles on CUDA cores (f32 FMA), both passes, sm_80 and later", unavailable}};
+  return {{"mma", "bf16/f16 forward on tensor cores (mma.sync m16n8k16, f32 accumulators), sm_80 and later", ""},
+          {"simt", "FlashAttention-2 tiles on CUDA cores (f32 FMA), both passes, sm_80 and later", ""}};
 }
 
 CudaParams make_params(const AttentionSpec& s, const Inputs& in, const TensorView& out, const TensorView& lse) {
@@ -209,14 +209,13 @@ class CudaBackend final : public Backend {
   // memory the pass's tiles take.
   static void require_device(const AttentionSpec& s, Pass pass, const Target& target, Support& sup) {
     const int index = target.device.index;
-    if (!sup.require(index >= 0 && index < cuda::device_count(), ReasonCode::device,
-                     [&] {
-                       return "device=" + to_string(target.device) + ": this process has " +
-                              std::to_string(cuda::device_count()) + " CUDA device(s)";
-                     })
-             .ok()) {
-      return;
-    }
+    std::string why;
+    const int count = cuda::device_count(&why);
+    sup.require(index >= 0 && index < count, ReasonCode::device, [&] {
+      return "device=" + to_string(target.device) + ": this process has " + std::to_string(count) + " CUDA device(s)" +
+             (why.empty() ? "" : " (" + why + ")");
+    });
+    if (index < 0 || index >= count) return;
     const cuda::DeviceInfo& info = cuda::device_info(index);
     sup.require(info.error.empty(), ReasonCode::device,
                 [&] { return "device=" + to_string(target.device) + ": " + info.error; });

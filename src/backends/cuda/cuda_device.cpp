@@ -16,8 +16,10 @@ namespace cuda {
 
 void check(cudaError_t status, const char* what) {
   if (status == cudaSuccess) return;
-  throw Error(ErrorCode::unsupported, "cuda", cudaGetErrorName(status),
-              std::string(what) + " failed: " + cudaGetErrorString(status));
+  // Out of memory is the caller's to handle; anything else (a launch failure,
+  // an illegal address that poisons the context) leaves the device unusable.
+  const ErrorCode code = status == cudaErrorMemoryAllocation ? ErrorCode::out_of_memory : ErrorCode::bad_state;
+  throw Error(code, "cuda", cudaGetErrorName(status), std::string(what) + " failed: " + cudaGetErrorString(status));
 }
 
 int device_count(std::string* why) {

@@ -56,7 +56,8 @@ std::size_t forward_smem_bytes(std::int64_t dqk, std::int64_t dv);
 std::size_t forward_mma_smem_bytes(std::int64_t dqk, std::int64_t dv);
 std::size_t backward_smem_bytes(std::int64_t dqk, std::int64_t dv);
 
-// Throws attend::Error(unsupported) naming `what` when `status` is an error.
+// Throws attend::Error naming `what` when `status` is an error: out_of_memory
+// for an allocation failure, bad_state for anything else.
 void check(cudaError_t status, const char* what);
 
 }  // namespace attend::cuda

@@ -565,15 +565,11 @@ TEST(CudaSelection, IsRegisteredAndServesDeviceMemoryOnly) {
 TEST(CudaSelection, HostTensorsAreDeclinedForTheirDevice) {
   const auto cuda = make_cuda_backend();
   const AttentionSpec s = sized(1, 64, 64, 64, 64);
-  // Variant 0 explicitly: without a GPU no variant is available and the
-  // default (-1) does not resolve.
   for (Pass pass : {Pass::forward, Pass::backward}) {
-    const Support sup = cuda->check(s, pass, Target{Device::cpu(), 0});
-    EXPECT_FALSE(sup.ok());
-    EXPECT_TRUE(sup.failed(ReasonCode::device)) << sup.to_string();
-    if (cuda_device_count() > 0) {
-      const Support def = cuda->check(s, pass, Target{Device::cpu()});
-      EXPECT_TRUE(def.failed(ReasonCode::device)) << def.to_string();
+    for (int variant : {-1, 0, 1}) {
+      const Support sup = cuda->check(s, pass, Target{Device::cpu(), variant});
+      EXPECT_FALSE(sup.ok());
+      EXPECT_TRUE(sup.failed(ReasonCode::device)) << sup.to_string();
     }
   }
 }
@@ -600,10 +596,12 @@ TEST(CudaSelection, TrainingWithHeadDims192And128IsDeclinedForTheBackward) {
   ASSERT_TRUE(v->backward.has_value());
   EXPECT_FALSE(v->viable);
   if (cuda_device_count() == 0) {
-    EXPECT_FALSE(v->variant_excluded.empty()) << sel.explain();
-    EXPECT_TRUE(v->backward->failed(ReasonCode::variant)) << v->backward->to_string();
-    const Support sup = cuda->check(s, Pass::backward, Target{Device::cuda(0), 0});
-    EXPECT_TRUE(sup.failed(ReasonCode::variant)) << sup.to_string();
+    // The variants stay listed (asking the driver at registration would
+    // initialise CUDA in every process); the check names the missing device.
+    EXPECT_TRUE(v->variant_excluded.empty()) << sel.explain();
+    EXPECT_TRUE(v->backward->failed(ReasonCode::device)) << v->backward->to_string();
+    const Support sup = cuda->check(s, Pass::backward, Target{Device::cuda(0)});
+    EXPECT_TRUE(sup.failed(ReasonCode::device)) << sup.to_string();
     const std::string text = lower(sup.to_string());
     EXPECT_TRUE(text.find("gpu") != std::string::npos || text.find("device") != std::string::npos ||
                 text.find("driver") != std::string::npos)
