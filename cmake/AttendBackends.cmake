@@ -31,7 +31,9 @@ function(attend_link_backends target)
     target_sources(${target} PRIVATE $<TARGET_OBJECTS:attend_backend_${name}>)
     get_target_property(link attend_backend_${name} ATTEND_LINK)
     if(link)
-      target_link_libraries(${target} PUBLIC ${link})
+      # PRIVATE: a static library still passes them on as link-only
+      # dependencies, without their include directories.
+      target_link_libraries(${target} PRIVATE ${link})
     endif()
     string(APPEND ATTEND_BACKEND_DECLS "void register_${name}(detail::BuiltinBackends& list);\n")
     string(APPEND ATTEND_BACKEND_CALLS "  backends::register_${name}(list);\n")
