@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "attend/error.h"
 #include "attend/parallel.h"
 #include "attend/select.h"
 #include "attend/spec.h"
@@ -58,7 +59,13 @@ int run_select(const SelectCommand& cmd) {
   Problem p = make_problem(cmd.problem);
   const attend::Device device = attend::parse_device(cmd.device, "--device");
   if (cmd.autotune) p.policy.strategy = attend::Strategy::autotune;
-  if (cmd.cp.enabled()) return explain_cp(cmd, p);
+  if (cmd.cp.enabled()) {
+    if (!device.is_host()) {
+      throw attend::Error(attend::ErrorCode::invalid_argument, "--device", cmd.device,
+                          "context-parallel plans (--cp) are chosen for host tensors only");
+    }
+    return explain_cp(cmd, p);
+  }
   if (cmd.json) {
     try {
       std::cout << with_fields(attend::select(p.spec, p.mode, p.policy, device).to_json(), "\"exit_code\": 0") << "\n";
