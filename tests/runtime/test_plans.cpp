@@ -7,6 +7,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
@@ -263,6 +264,84 @@ TEST_F(PlanTest, ContentsOfDeviceTensorsAreNotReadByTheRuntime) {
   in.cu_seqlens_kv = TensorView::contiguous(fake_ptr, DType::i32, {3});
   const Inputs dev = on_device(in, Device::cuda(0));
   EXPECT_NO_THROW(validate_inputs(s, dev));
+}
+
+// --- variants that compute different slices ------------------------------------------
+
+// "fast" is forward-only and f32-only, "general" does both passes: the shape
+// of the cuda backend's mma/simt pair, on the host. Both run the reference and
+// count which variant ran.
+class SlicedVariantsBackend final : public Backend {
+ public:
+  explicit SlicedVariantsBackend(bool runnable = true) {
+    const std::string why = runnable ? "" : "no such device here";
+    variants_ = {{"fast", "forward-only", why}, {"general", "both passes", why}};
+  }
+  std::string_view name() const override { return "sliced"; }
+  std::span<const Variant> variants() const override { return variants_; }
+  mutable std::atomic<int> runs[2][2] = {};  // [variant][pass]
+
+ protected:
+  void supports(const AttentionSpec& s, Pass pass, const Target& t, Support& sup) const override {
+    if (t.variant == 0) {
+      sup.require(pass == Pass::forward, ReasonCode::no_backward, "fast has no backward");
+      sup.require(s.dtype == DType::f32, ReasonCode::dtype, "fast is f32 only");
+    }
+    sup.require(s.head_dim_qk <= 32, ReasonCode::head_dim_qk, "head_dim_qk above 32");
+  }
+  std::size_t scratch_bytes(const AttentionSpec&, Pass, const Target&) const override { return 0; }
+  void run_forward(const ForwardArgs& a) const override {
+    ++runs[a.target.variant][0];
+    ForwardArgs r = a;
+    r.target = {};
+    make_reference_backend()->forward(r);
+  }
+  void run_backward(const BackwardArgs& a) const override {
+    ++runs[a.target.variant][1];
+    BackwardArgs r = a;
+    r.target = {};
+    make_reference_backend()->backward(r);
+  }
+
+ private:
+  std::vector<Variant> variants_;
+};
+
+// A direct call with variant -1 runs, per pass, the first variant whose check
+// takes it, as the selector would; when none does, the last (most general)
+// variant's reasons are the answer.
+TEST_F(PlanTest, VariantMinusOneResolvesPerPassToTheFirstThatAccepts) {
+  const SlicedVariantsBackend b;
+  const Problem p = make_problem(small_spec(), 12);
+  Tensor out = Tensor::zeros(DType::f32, {2, 24, 4, 16}), lse = Tensor::zeros(DType::f32, {2, 4, 24});
+  b.forward(ForwardArgs{p.spec, p.inputs, out, lse});
+  Tensor dq = Tensor::zeros_like(p.q), dk = Tensor::zeros_like(p.k), dv = Tensor::zeros_like(p.v);
+  b.backward(BackwardArgs{p.spec, p.inputs, out, lse, p.dout, dq, dk, dv, {}});
+  EXPECT_EQ(b.runs[0][0].load(), 1);  // forward on fast
+  EXPECT_EQ(b.runs[1][0].load(), 0);
+  EXPECT_EQ(b.runs[0][1].load(), 0);
+  EXPECT_EQ(b.runs[1][1].load(), 1);  // backward on general
+  EXPECT_TRUE(b.check(p.spec, Pass::forward).ok());
+  EXPECT_TRUE(b.check(p.spec, Pass::backward).ok());
+
+  AttentionSpec wide = p.spec;
+  wide.head_dim_qk = wide.head_dim_v = 64;
+  const Support sup = b.check(wide, Pass::backward);
+  EXPECT_TRUE(sup.failed(ReasonCode::head_dim_qk)) << sup.to_string();
+  EXPECT_FALSE(sup.failed(ReasonCode::no_backward)) << "fast's reasons, not general's: " << sup.to_string();
+}
+
+// A backend none of whose variants can run in this process (a GPU backend
+// without a GPU) declines with the reasons instead of throwing.
+TEST_F(PlanTest, ABackendWithNothingRunnableDeclinesWithTheReasons) {
+  const SlicedVariantsBackend b(false);
+  const AttentionSpec s = small_spec();
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    Support sup;
+    ASSERT_NO_THROW(sup = b.check(s, pass));
+    EXPECT_TRUE(sup.failed(ReasonCode::variant)) << sup.to_string();
+    EXPECT_NE(sup.to_string().find("no such device here"), std::string::npos) << sup.to_string();
+  }
 }
 
 // --- the spec-field table ---------------------------------------------------------
