@@ -12,8 +12,8 @@
 // multiprocessor's shared memory and registers); GQA/MQA, causal/window masks
 // with the partial problem's offsets, softcap, ALiBi, additive bias (no dbias),
 // dropout (the shared Philox mask, bit-identical to the CPU backends'), varlen
-// (cu_seqlens are checked on the device before the kernels, with one stream
-// synchronisation), any strides with a contiguous head dim, accumulate_grads
+// (cu_seqlens are copied to the host and checked by the runtime's rules before
+// the kernels, with one stream synchronisation), any strides with a contiguous head dim, accumulate_grads
 // and an f32 dq. Not yet: paged K/V, attention sinks, an f32 out for half
 // inputs, a deterministic backward (dQ is summed with atomics), and the
 // non-finite rule (docs/design.md): masked pairs' zero weights meet their

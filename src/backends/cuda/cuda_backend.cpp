@@ -33,20 +33,18 @@ std::int64_t query_rows(const AttentionSpec& s) {
   return s.varlen() ? s.total_q : detail::sat_mul(s.batch, s.seqlen_q);
 }
 
-// Workspace carving: [varlen fault][D: heads x rows][dQ sum: rows x heads x dqk].
+// Backward's workspace: [D: heads x rows][dQ sum: rows x heads x dqk]; forward needs none.
 struct WorkspaceLayout {
-  std::size_t fault = 0, delta = 0, dq = 0, total = 0;
+  std::size_t delta = 0, dq = 0, total = 0;
 };
 
 WorkspaceLayout layout_for(const AttentionSpec& s, Pass pass) {
   WorkspaceLayout w;
-  w.fault = s.varlen() ? aligned(sizeof(cuda::VarlenFault)) : 0;
-  w.total = w.fault;
   if (pass == Pass::backward) {
     const std::int64_t rows_heads = detail::sat_mul(query_rows(s), s.heads_q);
     w.delta = aligned(detail::sat_float_bytes(rows_heads, 1));
     w.dq = aligned(detail::sat_float_bytes(detail::sat_mul(rows_heads, s.head_dim_qk), 1));
-    w.total = detail::sat_add_bytes(detail::sat_add_bytes(w.fault, w.delta), w.dq);
+    w.total = detail::sat_add_bytes(w.delta, w.dq);
   }
   return w;
 }
@@ -79,28 +77,27 @@ CudaParams make_params(const AttentionSpec& s, const Inputs& in, const TensorVie
   return p;
 }
 
-// The cu_seqlens check on the device; throws what validate_contents would for host arrays.
-void check_varlen(const CudaParams& p, void* workspace, cudaStream_t stream) {
-  auto* fault = static_cast<cuda::VarlenFault*>(workspace);
-  cuda::launch_varlen_check(p, fault, stream);
-  cuda::VarlenFault f;
-  cuda::check(cudaMemcpyAsync(&f, fault, sizeof f, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync(varlen check)");
-  cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(varlen check)");
-  if (f.which == 0) return;
-  const std::string name = f.which == 1 ? "cu_seqlens_q" : "cu_seqlens_kv";
-  const std::string field = name + "[" + std::to_string(f.index) + "]", value = std::to_string(f.value);
-  switch (f.rule) {
-    case 1: throw Error(ErrorCode::invalid_argument, field, value, "must be 0");
-    case 2: throw Error(ErrorCode::invalid_argument, field, value, "cu_seqlens must be non-decreasing");
-    case 3:
-      throw Error(ErrorCode::invalid_argument, field, value, "exceeds the packed token count",
-                  std::to_string(f.which == 1 ? p.total_q : p.total_kv));
-    default:
-      throw Error(ErrorCode::invalid_argument, field, value,
-                  "sequence " + std::to_string(f.index - 1) + " is longer than spec." +
-                      (f.which == 1 ? "seqlen_q" : "seqlen_kv"),
-                  std::to_string(f.which == 1 ? p.seqlen_q : p.seqlen_kv));
+// cu_seqlens live on the device, which the runtime never reads: copy the
+// span of each (B + 1 entries, any stride) and apply the runtime's own rules
+// (validate_contents), so the kernels follow only checked offsets and a bad
+// entry gets the same attend::Error as on the host. One stream sync.
+void check_varlen(const AttentionSpec& s, const Inputs& in, cudaStream_t stream) {
+  Inputs host;
+  std::vector<std::int32_t> buffers[2];
+  const TensorView* device[2] = {&in.cu_seqlens_q, &in.cu_seqlens_kv};
+  TensorView* copies[2] = {&host.cu_seqlens_q, &host.cu_seqlens_kv};
+  for (int t = 0; t < 2; ++t) {
+    const TensorView& src = *device[t];
+    buffers[t].resize(static_cast<std::size_t>(s.batch * src.strides[0] + 1));
+    cuda::check(cudaMemcpyAsync(buffers[t].data(), src.data, buffers[t].size() * sizeof(std::int32_t),
+                                cudaMemcpyDeviceToHost, stream),
+                "cudaMemcpyAsync(cu_seqlens)");
+    *copies[t] = src;
+    copies[t]->data = buffers[t].data();
+    copies[t]->device = Device::cpu();
   }
+  cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(cu_seqlens)");
+  validate_contents(s, host);
 }
 
 class CudaBackend final : public Backend {
@@ -162,7 +159,8 @@ class CudaBackend final : public Backend {
       sup.require(pass == Pass::forward, ReasonCode::no_backward,
                   "the mma variant has no backward yet: training runs the simt variant");
     }
-    if (s.varlen()) sup.note("varlen: cu_seqlens are checked on the device before the kernels (one stream sync)");
+    if (s.varlen())
+      sup.note("varlen: cu_seqlens are copied to the host and checked before the kernels (one stream sync)");
     require_device(s, pass, target, sup);
   }
 
@@ -174,7 +172,7 @@ class CudaBackend final : public Backend {
     const cuda::DeviceScope scope(a.target.device.index);
     const auto stream = static_cast<cudaStream_t>(a.stream.handle);
     const CudaParams p = make_params(a.spec, a.in, a.out, a.lse);
-    if (p.varlen) check_varlen(p, a.workspace.data, stream);
+    if (p.varlen) check_varlen(a.spec, a.in, stream);
     if (a.target.variant == kMma) {
       cuda::launch_forward_mma(p, stream);
     } else {
@@ -198,9 +196,9 @@ class CudaBackend final : public Backend {
     p.accumulate = a.spec.accumulate_grads;
     const WorkspaceLayout w = layout_for(a.spec, Pass::backward);
     auto* base = static_cast<std::byte*>(a.workspace.data);
-    p.delta = reinterpret_cast<float*>(base + w.fault);
-    p.dq_acc = reinterpret_cast<float*>(base + w.fault + w.delta);
-    if (p.varlen) check_varlen(p, base, stream);
+    p.delta = reinterpret_cast<float*>(base);
+    p.dq_acc = reinterpret_cast<float*>(base + w.delta);
+    if (p.varlen) check_varlen(a.spec, a.in, stream);
     cuda::launch_backward(p, stream);
   }
 

@@ -36,16 +36,7 @@ struct CudaParams : detail::KernelProblem {
   std::int64_t total_q = 0, total_kv = 0;  // varlen: the packed tensors' extents
 };
 
-// The first cu_seqlens entry that breaks the rules, as the device check finds it.
-struct VarlenFault {
-  std::int32_t which = 0;  // 0: none, 1: cu_seqlens_q, 2: cu_seqlens_kv
-  std::int32_t index = 0;
-  std::int32_t value = 0;
-  std::int32_t rule = 0;  // 1: cu[0] != 0, 2: decreasing, 3: past the packed rows, 4: longer than the maximum
-};
-
 // Each queues its kernels on `stream` and throws attend::Error when a launch fails.
-void launch_varlen_check(const CudaParams& p, VarlenFault* fault, cudaStream_t stream);
 void launch_forward(const CudaParams& p, cudaStream_t stream);
 void launch_forward_mma(const CudaParams& p, cudaStream_t stream);  // bf16/f16 on tensor cores
 void launch_backward(const CudaParams& p, cudaStream_t stream);
