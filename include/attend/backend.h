@@ -210,8 +210,8 @@ class Backend {
   virtual std::span<const Variant> variants() const;
 
   // Pure: the same (spec, pass, target) always gives the same answer. With
-  // target.variant = -1 and no variant this process can run (a GPU backend
-  // without a GPU), it declines with ReasonCode::variant rather than throwing.
+  // target.variant = -1 and no variant this process can run (all marked
+  // unavailable), it declines with ReasonCode::variant rather than throwing.
   Support check(const AttentionSpec& spec, Pass pass, const Target& target = {},
                 Support::Detail detail = Support::Detail::full) const;
   // Scratch bytes forward/backward need (0 if none). Throws attend::Error for

@@ -67,11 +67,14 @@ int Backend::find_variant(std::string_view name) const {
 
 namespace {
 
+// Whether this process can run `v` within the policy's ISA cap.
+bool runnable(const Variant& v, int cap) { return v.unavailable.empty() && v.isa_level <= cap; }
+
 // The first variant this process can run within the policy's ISA cap, or -1.
 int first_runnable(std::span<const Variant> all) {
   const int cap = detail::policy_isa_cap();  // throws for an ISA this CPU lacks
   for (std::size_t i = 0; i < all.size(); ++i) {
-    if (all[i].unavailable.empty() && all[i].isa_level <= cap) return static_cast<int>(i);
+    if (runnable(all[i], cap)) return static_cast<int>(i);
   }
   return -1;
 }
@@ -97,7 +100,7 @@ Target Backend::resolve(const AttentionSpec& spec, Pass pass, const Target& targ
     const int cap = detail::policy_isa_cap();
     int last = -1;
     for (std::size_t i = 0; i < all.size() && t.variant < 0; ++i) {
-      if (!all[i].unavailable.empty() || all[i].isa_level > cap) continue;
+      if (!runnable(all[i], cap)) continue;
       last = static_cast<int>(i);
       if (check(spec, pass, Target{t.device, last}, Support::Detail::codes).ok()) t.variant = last;
     }
@@ -113,8 +116,8 @@ Target Backend::resolve(const AttentionSpec& spec, Pass pass, const Target& targ
 Support Backend::check(const AttentionSpec& spec, Pass pass, const Target& target, Support::Detail detail) const {
   Support sup(detail);
   if (target.variant < 0 && first_runnable(variants()) < 0) {
-    // Nothing to run here (a GPU backend in a process without a GPU, say): an
-    // answer with the reasons, as for an unavailable variant named explicitly.
+    // Nothing to run here (every variant marked unavailable, or above the
+    // ISA cap): an answer with the reasons, as for a variant named explicitly.
     sup.require(false, ReasonCode::variant, [&] {
       std::string why = "no variant of " + std::string(name()) + " can run here";
       for (const Variant& v : variants()) {
