@@ -22,8 +22,6 @@ constexpr int kBN = 64, kBM = 32;
 constexpr int kLdP = kBN + 4;   // P and dS rows: [kBM][kLdP]
 constexpr int kLdSt = kBM + 4;  // dS^T rows: [kBN][kLdSt]
 
-int bucket(i64 d) { return d <= 64 ? 64 : 128; }
-
 // Shared floats, in carving order.
 struct Carve {
   int dq4, dv4, dqm, dvm;
@@ -343,7 +341,7 @@ void launch_dtype(const CudaParams& p, cudaStream_t stream) {
     check(cudaGetLastError(), "backward delta kernel launch");
   }
   if (p.batch > 0 && p.heads_kv > 0 && p.seqlen_kv > 0) {
-    const int dqm = bucket(p.dqk), dvm = bucket(p.dv);
+    const int dqm = dim_bucket(p.dqk), dvm = dim_bucket(p.dv);  // <= 128: the check
     if (dqm == 64 && dvm == 64) launch_keys<T, 64, 64>(p, stream);
     if (dqm == 64 && dvm == 128) launch_keys<T, 64, 128>(p, stream);
     if (dqm == 128 && dvm == 64) launch_keys<T, 128, 64>(p, stream);
@@ -354,7 +352,7 @@ void launch_dtype(const CudaParams& p, cudaStream_t stream) {
 }  // namespace
 
 std::size_t backward_smem_bytes(std::int64_t dqk, std::int64_t dv) {
-  return carve(dqk, dv, bucket(dqk), bucket(dv)).total() * sizeof(float);
+  return carve(dqk, dv, dim_bucket(dqk), dim_bucket(dv)).total() * sizeof(float);
 }
 
 void launch_backward(const CudaParams& p, cudaStream_t stream) {

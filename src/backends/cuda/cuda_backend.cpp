@@ -222,10 +222,8 @@ class CudaBackend final : public Backend {
       return "device=" + to_string(target.device) + " (" + info.name + ") is sm_" + std::to_string(info.major) +
              std::to_string(info.minor) + "; the cuda kernels are built for sm_80 and later";
     });
-    if (s.head_dim_qk > kCudaMaxHeadDimForward || s.head_dim_v > kCudaMaxHeadDimForward) return;
-    if (pass == Pass::backward && (s.head_dim_qk > kCudaMaxHeadDimBackward || s.head_dim_v > kCudaMaxHeadDimBackward)) {
-      return;
-    }
+    // Tile sizes exist only for head dims within the pass's limits (supports' reasons).
+    if (sup.failed(ReasonCode::head_dim_qk) || sup.failed(ReasonCode::head_dim_v)) return;
     const std::size_t need = pass == Pass::backward   ? cuda::backward_smem_bytes(s.head_dim_qk, s.head_dim_v)
                              : target.variant == kMma ? cuda::forward_mma_smem_bytes(s.head_dim_qk, s.head_dim_v)
                                                       : cuda::forward_smem_bytes(s.head_dim_qk, s.head_dim_v);

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/cuda_params.h"
 
@@ -116,6 +117,20 @@ __device__ inline void load4(const T* row, int n, float (&x)[4]) {
 // varlen: its packed row): the workspace's row order.
 __device__ inline i64 row_index(const CudaParams& p, i64 b, const detail::SeqSpan& s, i64 i) {
   return p.varlen ? s.q_begin + i : b * p.seqlen_q + i;
+}
+
+// The kernels are compiled for head dims of 64, 128 and 256 columns (their
+// accumulators' sizes); a head dim runs in the smallest that holds it.
+inline int dim_bucket(i64 d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
+// Calls f(std::integral_constant<int, B>{}) for d's bucket B.
+template <class F>
+void with_dim_bucket(i64 d, F&& f) {
+  switch (dim_bucket(d)) {
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    default: return f(std::integral_constant<int, 256>{});
+  }
 }
 
 // Launches `kernel(p)` on a grid of `grid` blocks of `threads` with `bytes` of

@@ -23,8 +23,6 @@ std::size_t smem_floats(i64 dqk, int dvm) {
   return static_cast<std::size_t>(2 * pad4(dqk) * kBM + kBN * dvm + kBM * kLdP);
 }
 
-int dv_bucket(i64 dv) { return dv <= 64 ? 64 : dv <= 128 ? 128 : 256; }
-
 template <typename T, int DVM>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const CudaParams p) {
   constexpr int JJ = DVM / 64;
@@ -184,17 +182,13 @@ void launch(const CudaParams& p, cudaStream_t stream) {
 
 template <typename T>
 void launch_dtype(const CudaParams& p, cudaStream_t stream) {
-  switch (dv_bucket(p.dv)) {
-    case 64: return launch<T, 64>(p, stream);
-    case 128: return launch<T, 128>(p, stream);
-    default: return launch<T, 256>(p, stream);
-  }
+  with_dim_bucket(p.dv, [&](auto dvm) { launch<T, decltype(dvm)::value>(p, stream); });
 }
 
 }  // namespace
 
 std::size_t forward_smem_bytes(std::int64_t dqk, std::int64_t dv) {
-  return smem_floats(dqk, dv_bucket(dv)) * sizeof(float);
+  return smem_floats(dqk, dim_bucket(dv)) * sizeof(float);
 }
 
 void launch_forward(const CudaParams& p, cudaStream_t stream) {

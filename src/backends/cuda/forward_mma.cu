@@ -20,7 +20,6 @@ constexpr int kWarps = 4, kMmaThreads = 32 * kWarps;
 constexpr int kBM = 16 * kWarps, kBN = 64;
 
 i64 pad16(i64 n) { return (n + 15) / 16 * 16; }
-int dv_bucket(i64 dv) { return dv <= 64 ? 64 : dv <= 128 ? 128 : 256; }
 
 // Elements: Q [64][qp], K [64][qp], V [64][DVM + 8]. The pitches keep rows
 // 16-byte aligned (vector stores, ldmatrix) and 4 banks apart.
@@ -245,16 +244,12 @@ void launch(const CudaParams& p, cudaStream_t stream) {
 
 template <typename T>
 void launch_dtype(const CudaParams& p, cudaStream_t stream) {
-  switch (dv_bucket(p.dv)) {
-    case 64: return launch<T, 64>(p, stream);
-    case 128: return launch<T, 128>(p, stream);
-    default: return launch<T, 256>(p, stream);
-  }
+  with_dim_bucket(p.dv, [&](auto dvm) { launch<T, decltype(dvm)::value>(p, stream); });
 }
 
 }  // namespace
 
-std::size_t forward_mma_smem_bytes(std::int64_t dqk, std::int64_t dv) { return smem_elems(dqk, dv_bucket(dv)) * 2; }
+std::size_t forward_mma_smem_bytes(std::int64_t dqk, std::int64_t dv) { return smem_elems(dqk, dim_bucket(dv)) * 2; }
 
 void launch_forward_mma(const CudaParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;
