@@ -29,18 +29,20 @@ struct KernelTraits<SimdAvx2> {
 };
 
 // 32 zmm registers: 8 x 2 accumulators leave room for B loads and broadcasts.
-// Forward: 256 queries share each K/V block copy. Backward: 256 keys share
-// each sweep over the query rows, whose Q/dO copies, dO . O dots and dQ
-// read-modify-writes miss the cache (rows H*D apart, re-read per key block):
-// at 128 keys they were ~18 % of the time (perf), and 256 made the backward
-// 10 % faster (S = 4096, D = 128; D = 64 and 256 3-8 %; bf16 12-18 %) for
-// 0.9 MiB of tiles per thread at D = 128 (1.6 MiB at 256, past a 1 MiB L2,
-// and still faster). 512 measured within the noise of 256 at D = 64 and 256.
-// The AVX2 family keeps 128: its 6-row micro-tile makes diagonal tiles
-// costly, and at 256 the causal S = 512 backward lost 6-9 %.
+// Forward: 256 queries share each K/V block copy; 128-key blocks halve the
+// rescaling of the output accumulator against 64 (1-4 % faster in 15 of 16
+// shapes: D = 64/128, S = 512/4096, causal or not, f32/bf16).
+// Backward: 256 keys share each sweep over the query rows, whose Q/dO copies,
+// dO . O dots and dQ read-modify-writes miss the cache (rows H*D apart, read
+// again per key block): at 128 keys perf put them at ~18 % of the time, and
+// 256 made the backward 10 % faster (S = 4096, D = 128; D = 64 and 256 3-8 %;
+// bf16 12-18 %) for 0.9 MiB of tiles per thread at D = 128 (1.6 MiB at 256:
+// past a 1 MiB L2, and still faster). 512 was within the noise of 256 at
+// D = 64 and 256. The AVX2 family keeps 128: its 6-row micro-tile makes
+// diagonal tiles costly, and at 256 its causal S = 512 backward lost 6-9 %.
 template <>
 struct KernelTraits<SimdAvx512> {
-  static constexpr std::int64_t fwd_m = 256, fwd_n = 64, bwd_m = 64, bwd_n = 256;
+  static constexpr std::int64_t fwd_m = 256, fwd_n = 128, bwd_m = 64, bwd_n = 256;
   static constexpr int mr = 8, nv = 2;
 };
 
