@@ -13,6 +13,8 @@ struct SimdAvx2 {
   static constexpr int W = 8;
   static constexpr const char* name = "avx2";
 
+  // Before calling baseline (SSE-encoded) code from kernel code (finish_rows).
+  static void clean_upper() { _mm256_zeroupper(); }
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float x) { return _mm256_set1_ps(x); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }

@@ -15,6 +15,8 @@ struct SimdAvx512 {
   static constexpr int W = 16;
   static constexpr const char* name = "avx512";
 
+  // Before calling baseline (SSE-encoded) code from kernel code (finish_rows).
+  static void clean_upper() { _mm256_zeroupper(); }
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float x) { return _mm512_set1_ps(x); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }

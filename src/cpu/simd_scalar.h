@@ -12,6 +12,8 @@ struct SimdScalar {
   static constexpr int W = 1;
   static constexpr const char* name = "scalar";
 
+  // Before calling baseline (SSE-encoded) code from kernel code (finish_rows).
+  static void clean_upper() {}
   static V zero() { return 0.0f; }
   static V set1(float x) { return x; }
   static V load(const float* p) { return *p; }

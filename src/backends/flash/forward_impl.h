@@ -156,11 +156,11 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     }
   }
 
+  finish_rows<S>(m, p.sinks(h), row_max, row_sum, alpha);
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
-    const RowEnd e = row_end(row_max[r], row_sum[r], p.sinks(h));
-    store_out_row<E>(p, p.so.offset(b, row, h), acc + r * dvp, e.inv, e.empty);
-    p.lse[p.slse.offset(b, row, h)] = e.lse;
+    store_out_row<E>(p, p.so.offset(b, row, h), acc + r * dvp, row_sum[r], alpha[r] != 0.0f);
+    p.lse[p.slse.offset(b, row, h)] = row_max[r];
   }
 }
 
