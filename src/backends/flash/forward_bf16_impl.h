@@ -213,13 +213,14 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     }
   }
 
+  // The row ends take the softmax state's place (alpha's is free now).
+  const float *lse = row_max, *inv = row_sum, *empty = alpha;
   finish_rows<S>(m, p.sinks(h), row_max, row_sum, alpha);
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
     // An empty row is 0 whatever its accumulator met (docs/semantics.md, non-finite inputs).
-    const bool empty = alpha[r] != 0.0f;
     const auto at = [&](std::int64_t d) {
-      return empty ? 0.0f : (kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * row_sum[r];
+      return empty[r] != 0.0f ? 0.0f : (kAmx ? acc[d * BM + r] : acc[r * dvp + d]) * inv[r];
     };
     if (p.out_f32) {  // a forward partial (spec.out_dtype = f32)
       float* dst = p.out_as<float>() + p.so.offset(b, row, h);
@@ -228,7 +229,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
       bf16_t* dst = p.out_as<bf16_t>() + p.so.offset(b, row, h);
       for (std::int64_t d = 0; d < dv; ++d) dst[d] = bf16_t(at(d));
     }
-    p.lse[p.slse.offset(b, row, h)] = row_max[r];
+    p.lse[p.slse.offset(b, row, h)] = lse[r];
   }
   // Back to the init state: the OS then need not save this thread's tile data.
   if constexpr (kAmx) _tile_release();

@@ -156,11 +156,13 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     }
   }
 
+  // The row ends take the softmax state's place (alpha's is free now).
+  const float *lse = row_max, *inv = row_sum, *empty = alpha;
   finish_rows<S>(m, p.sinks(h), row_max, row_sum, alpha);
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;
-    store_out_row<E>(p, p.so.offset(b, row, h), acc + r * dvp, row_sum[r], alpha[r] != 0.0f);
-    p.lse[p.slse.offset(b, row, h)] = row_max[r];
+    store_out_row<E>(p, p.so.offset(b, row, h), acc + r * dvp, inv[r], empty[r] != 0.0f);
+    p.lse[p.slse.offset(b, row, h)] = lse[r];
   }
 }
 
