@@ -38,10 +38,10 @@ std::int64_t forward_bf16_extra_floats(std::int64_t, std::int64_t dv) {
 // dst[pp * ldd + r] = (src[r][2pp], src[r][2pp + 1]) as one word, for pp < kp
 // and r < rows_pad (a multiple of 16); rows from `rows` on, the odd head dim's
 // missing half and pairs past `cols` are zeros. 16 rows x 16 pairs at a time:
-// masked row loads (nothing read past a row) and S::transpose's shuffles,
-// which move the words bit for bit. The next 16 rows are asked for first:
-// rows sit H*D elements apart, and the scalar copy this replaces stalled on
-// each row's first line (~18 % of a causal S = 512, D = 64 forward).
+// masked row loads (nothing read past a row) and transpose16x16 (gemm_amx.h).
+// The next 16 rows are asked for first: rows sit H*D elements apart, and the
+// scalar copy this replaces stalled on each row's first line (~18 % of a
+// causal S = 512, D = 64 forward).
 inline void pack_pairs_transposed(const detail::bf16_t* src, std::int64_t ld, std::int64_t rows, std::int64_t rows_pad,
                                   std::int64_t cols, std::int64_t kp, std::uint32_t* dst, std::int64_t ldd) {
   for (std::int64_t r0 = 0; r0 < rows_pad; r0 += 16) {
@@ -50,14 +50,13 @@ inline void pack_pairs_transposed(const detail::bf16_t* src, std::int64_t ld, st
     for (std::int64_t p0 = 0; p0 < kp; p0 += 16) {
       const std::int64_t left = std::clamp<std::int64_t>(cols - 2 * p0, 0, 32);
       const auto mask = static_cast<__mmask32>(left == 32 ? ~0u : (1u << left) - 1u);
-      __m512 t[16];
+      __m512i w[16];
       for (std::int64_t i = 0; i < 16; ++i) {
-        t[i] = i < nr ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, src + (r0 + i) * ld + 2 * p0))
-                      : _mm512_setzero_ps();
+        w[i] = i < nr ? _mm512_maskz_loadu_epi16(mask, src + (r0 + i) * ld + 2 * p0) : _mm512_setzero_si512();
       }
-      SimdAvx512::transpose(t);
+      transpose16x16(w);
       for (std::int64_t i = 0; i < std::min<std::int64_t>(16, kp - p0); ++i) {
-        _mm512_storeu_si512(dst + (p0 + i) * ldd + r0, _mm512_castps_si512(t[i]));
+        _mm512_storeu_si512(dst + (p0 + i) * ldd + r0, w[i]);
       }
     }
   }
