@@ -47,10 +47,16 @@ double best_of(int reps, Fn&& fn) {
 
 struct Bandwidth {
   double read_gbs = 0, triad_gbs = 0;
+  double pattern_gbs = 0;  // decode's order of reads, without its arithmetic
 };
 
-// STREAM-like figures over arrays far larger than the last-level cache.
-Bandwidth measure_bandwidth(int reps) {
+// STREAM-like figures over arrays far larger than the last-level cache, and
+// the same read array read in decode's order: tokens of `heads` rows of
+// `row_bytes` side by side, 16-token blocks, one head's rows of a block at a
+// time after asking for its rows of the next block (decode's prefetch hint).
+// That order caps a core below the sequential read before any arithmetic
+// (docs/cpu_kernels.md), so it is decode's memory ceiling.
+Bandwidth measure_bandwidth(int reps, std::size_t row_bytes, std::size_t heads) {
   const std::size_t n = std::size_t{1} << 29;  // 2 GiB of floats for the read test
   std::unique_ptr<float[]> a(new float[n]);
 #pragma omp parallel for schedule(static)
@@ -69,6 +75,31 @@ Bandwidth measure_bandwidth(int reps) {
     }
     sink = total;
   });
+  const std::size_t row = row_bytes / sizeof(float), token = row * heads;
+  const std::size_t blocks = n / token / 16;
+  const double t_pattern = best_of(reps, [&] {
+    float total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+    for (std::size_t blk = 0; blk < blocks; ++blk) {
+      float acc[16] = {};
+      const float* base = a.get() + blk * 16 * token;
+      for (std::size_t h = 0; h < heads; ++h) {
+        if (blk + 1 < blocks) {
+          for (std::size_t j = 0; j < 16; ++j) {
+            for (std::size_t l = 0; l < row; l += 16) __builtin_prefetch(base + (16 + j) * token + h * row + l, 0, 1);
+          }
+        }
+        for (std::size_t j = 0; j < 16; ++j) {
+          const float* r = base + j * token + h * row;
+          for (std::size_t l = 0; l + 16 <= row; l += 16) {
+            for (int u = 0; u < 16; ++u) acc[u] += r[l + static_cast<std::size_t>(u)];
+          }
+        }
+      }
+      for (float x : acc) total += x;
+    }
+    sink = total;
+  });
   (void)sink;
   const std::size_t m = n / 4;  // triad: three 512 MiB arrays
   std::unique_ptr<float[]> b(new float[m]), c(new float[m]);
@@ -79,7 +110,8 @@ Bandwidth measure_bandwidth(int reps) {
     for (std::size_t i = 0; i < m; ++i) a[i] = b[i] + 3.0f * c[i];
   });
   return {static_cast<double>(n * sizeof(float)) / t_read / 1e9,
-          static_cast<double>(3 * m * sizeof(float)) / t_triad / 1e9};
+          static_cast<double>(3 * m * sizeof(float)) / t_triad / 1e9,
+          static_cast<double>(blocks * 16 * token * sizeof(float)) / t_pattern / 1e9};
 }
 
 // x in [-0.5, 0.5) as `dtype` at index i of t (truncated: the values do not
@@ -253,9 +285,15 @@ int main(int argc, char** argv) try {
   std::printf("threads: %d  decode isa: %s  flash isa: %s\n", omp_get_max_threads(),
               std::string(attend::decode_active_isa()).c_str(), std::string(attend::flash_active_isa()).c_str());
 
-  const Bandwidth bw = measure_bandwidth(reps);
+  const Bandwidth bw =
+      measure_bandwidth(reps, static_cast<std::size_t>(d) * attend::size_of(dtype), static_cast<std::size_t>(hkv));
   std::printf("baseline: STREAM-like read %.2f GB/s, triad %.2f GB/s (same process, same threads)\n", bw.read_gbs,
               bw.triad_gbs);
+  std::printf(
+      "baseline: decode's read order alone (%lld heads x %lld-byte rows per token, 16-token blocks, next "
+      "block prefetched, no arithmetic) %.2f GB/s\n",
+      static_cast<long long>(hkv), static_cast<long long>(d * static_cast<std::int64_t>(attend::size_of(dtype))),
+      bw.pattern_gbs);
 
   const auto decode = attend::make_decode_backend({.max_seqlen_q = 1024});
   const auto flash = attend::make_flash_backend();
