@@ -52,10 +52,14 @@ class Allocator {
 
 // The host allocator used when none is given: 64-byte aligned operator new.
 // It serves Device::cpu() only (other devices: attend::Error). Blocks of
-// 1 MiB and more are kept when freed, up to a bound, and handed out again for
-// the same rounded size: repeated calls then reuse memory whose pages are
-// already mapped, instead of page-faulting fresh ones (glibc maps blocks of
-// 32 MiB and more anew on every allocation). The bound is
+// 2 MiB and more are 2 MiB-aligned and advised as transparent huge pages on
+// Linux (the kernels read rows H*D elements apart, a TLB miss per row with
+// 4 KiB pages), as is the storage of Tensor::zeros; ATTEND_HUGE_PAGES=0 (read
+// once) keeps 4 KiB pages. Blocks of 1 MiB and more are kept when freed, up
+// to a bound, and handed out again for the same rounded size (64 KiB classes;
+// whole 2 MiB pages for huge-page blocks): repeated calls then reuse memory
+// whose pages are already mapped, instead of page-faulting fresh ones (glibc
+// maps blocks of 32 MiB and more anew on every allocation). The bound is
 // ATTEND_HOST_CACHE_MB (MiB, read once; default 1024; 0 disables the cache).
 Allocator& host_allocator();
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "attend/error.h"
+#include "runtime/host_memory.h"
 
 namespace attend {
 
@@ -56,7 +57,7 @@ class HostAllocator final : public Allocator {
   void* allocate(std::size_t bytes, Device device) override {
     require_host(device);
     const std::size_t size = block_size(bytes);
-    if (size == 0) return ::operator new (bytes, std::align_val_t{64});
+    if (size == 0) return detail::host_allocate(bytes);
     {
       const std::lock_guard lock(mu_);
       const auto it = free_.find(size);
@@ -68,13 +69,13 @@ class HostAllocator final : public Allocator {
         return p;
       }
     }
-    return ::operator new (size, std::align_val_t{64});
+    return detail::host_allocate(size);
   }
 
   void deallocate(void* ptr, std::size_t bytes, Device) noexcept override {
     const std::size_t size = block_size(bytes);
     if (size == 0 || size > limit_) {
-      ::operator delete (ptr, std::align_val_t{64});
+      detail::host_free(ptr, size == 0 ? bytes : size);
       return;
     }
     std::list<Block> evicted;
@@ -91,9 +92,9 @@ class HostAllocator final : public Allocator {
       lru_.back().where = free_.emplace(size, std::prev(lru_.end()));
       cached_ += size;
     } catch (const std::bad_alloc&) {  // no room for the bookkeeping: free it instead
-      ::operator delete (ptr, std::align_val_t{64});
+      detail::host_free(ptr, size);
     }
-    for (const Block& b : evicted) ::operator delete (b.ptr, std::align_val_t{64});
+    for (const Block& b : evicted) detail::host_free(b.ptr, b.size);
   }
 
   std::size_t cached() {
@@ -109,7 +110,7 @@ class HostAllocator final : public Allocator {
       free_.clear();
       cached_ = 0;
     }
-    for (const Block& b : all) ::operator delete (b.ptr, std::align_val_t{64});
+    for (const Block& b : all) detail::host_free(b.ptr, b.size);
   }
 
  private:
@@ -123,8 +124,12 @@ class HostAllocator final : public Allocator {
 
   // The cached size class of a request; 0 when it is not cached.
   std::size_t block_size(std::size_t bytes) const {
-    if (limit_ == 0 || bytes < kMinCached || bytes > SIZE_MAX - kCacheGranule) return 0;
-    return (bytes + kCacheGranule - 1) / kCacheGranule * kCacheGranule;
+    if (limit_ == 0 || bytes < kMinCached || bytes > SIZE_MAX - detail::kHugePageBytes) return 0;
+    // A block of huge pages occupies whole ones (host_memory.h): its class is
+    // their size, so that the cache counts the memory it holds.
+    const std::size_t granule =
+        bytes >= detail::kHugePageBytes && detail::huge_pages_advised() ? detail::kHugePageBytes : kCacheGranule;
+    return (bytes + granule - 1) / granule * granule;
   }
 
   static void require_host(Device device) {

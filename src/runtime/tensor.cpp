@@ -1,10 +1,12 @@
 #include "attend/tensor.h"
 
+#include <cstring>
 #include <new>
 #include <string>
 
 #include "attend/error.h"
 #include "runtime/checked.h"
+#include "runtime/host_memory.h"
 
 namespace attend {
 
@@ -71,8 +73,12 @@ Tensor Tensor::allocate(TensorView view) {
   const std::size_t bytes = detail::checked_bytes(view.numel(), size_of(view.dtype), "tensor bytes");
   std::shared_ptr<void> storage;
   try {
-    // Value-initialised: zeros, so padding rows and empty sequences read as 0.
-    storage = std::shared_ptr<std::byte[]>(new std::byte[bytes == 0 ? 1 : bytes]());
+    const std::size_t size = bytes == 0 ? 1 : bytes;
+    void* p = detail::host_allocate(size);
+    // If the control block cannot be allocated, shared_ptr frees p itself.
+    storage = std::shared_ptr<void>(p, [size](void* q) { detail::host_free(q, size); });
+    // Zeros, so padding rows and empty sequences read as 0.
+    std::memset(p, 0, size);
   } catch (const std::bad_alloc&) {
     throw Error(ErrorCode::out_of_memory, "tensor bytes", std::to_string(bytes), "allocation failed");
   }

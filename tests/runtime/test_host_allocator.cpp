@@ -2,6 +2,8 @@
 // comes back for the next request of its rounded size (so repeated calls do
 // not page-fault fresh memory), small blocks are never cached, release()
 // returns everything, and concurrent use keeps every block's contents intact.
+// Blocks and Tensor::zeros storage of 2 MiB and more sit on 2 MiB boundaries
+// (huge pages, host_memory.h) unless ATTEND_HUGE_PAGES=0.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "attend/attend.h"
+#include "runtime/host_memory.h"
 
 namespace attend {
 namespace {
@@ -20,24 +23,33 @@ class HostAllocatorCache : public ::testing::Test {
   void TearDown() override { host_cache_release(); }
 };
 
+// The class of a cached request: 64 KiB steps, whole huge pages from 2 MiB.
+std::size_t class_of(std::size_t bytes) {
+  const std::size_t g =
+      bytes >= detail::kHugePageBytes && detail::huge_pages_advised() ? detail::kHugePageBytes : std::size_t{1} << 16;
+  return (bytes + g - 1) / g * g;
+}
+
 TEST_F(HostAllocatorCache, AFreedLargeBlockServesTheNextRequestOfItsRoundedSize) {
   Allocator& a = host_allocator();
-  const std::size_t bytes = 3 << 20;
-  void* p = a.allocate(bytes, Device::cpu());
-  std::memset(p, 1, bytes);
-  EXPECT_EQ(host_cache_bytes(), 0u);
-  a.deallocate(p, bytes, Device::cpu());
-  EXPECT_EQ(host_cache_bytes(), bytes);              // 3 MiB is a multiple of the 64 KiB granule
-  void* q = a.allocate(bytes - 100, Device::cpu());  // the same 64 KiB class
-  EXPECT_EQ(q, p);
-  EXPECT_EQ(host_cache_bytes(), 0u);
-  void* r = a.allocate(bytes + (1 << 16) + 1, Device::cpu());  // a larger class: a new block
-  EXPECT_NE(r, p);
-  a.deallocate(q, bytes - 100, Device::cpu());
-  a.deallocate(r, bytes + (1 << 16) + 1, Device::cpu());
-  EXPECT_EQ(host_cache_bytes(), bytes + bytes + 2 * (std::size_t{1} << 16));
-  host_cache_release();
-  EXPECT_EQ(host_cache_bytes(), 0u);
+  for (const std::size_t bytes : {std::size_t{3} << 19, std::size_t{4} << 20}) {  // 1.5 MiB, 4 MiB
+    void* p = a.allocate(bytes, Device::cpu());
+    std::memset(p, 1, bytes);
+    EXPECT_EQ(host_cache_bytes(), 0u);
+    a.deallocate(p, bytes, Device::cpu());
+    EXPECT_EQ(host_cache_bytes(), bytes);              // a multiple of both granules
+    void* q = a.allocate(bytes - 100, Device::cpu());  // the same class
+    EXPECT_EQ(q, p);
+    EXPECT_EQ(host_cache_bytes(), 0u);
+    const std::size_t larger = class_of(bytes) + 1;  // the next class: a new block
+    void* r = a.allocate(larger, Device::cpu());
+    EXPECT_NE(r, p);
+    a.deallocate(q, bytes - 100, Device::cpu());
+    a.deallocate(r, larger, Device::cpu());
+    EXPECT_EQ(host_cache_bytes(), bytes + class_of(larger)) << bytes;
+    host_cache_release();
+    EXPECT_EQ(host_cache_bytes(), 0u);
+  }
 }
 
 TEST_F(HostAllocatorCache, SmallBlocksAreNeverCached) {
@@ -47,6 +59,25 @@ TEST_F(HostAllocatorCache, SmallBlocksAreNeverCached) {
   void* q = a.allocate((1 << 20) - 1, Device::cpu());
   a.deallocate(q, (1 << 20) - 1, Device::cpu());
   EXPECT_EQ(host_cache_bytes(), 0u);
+}
+
+TEST_F(HostAllocatorCache, LargeBlocksAndTensorsSitOnHugePageBoundaries) {
+  if (!detail::huge_pages_advised()) GTEST_SKIP() << "ATTEND_HUGE_PAGES=0";
+  constexpr std::size_t kHuge = detail::kHugePageBytes;
+  Allocator& a = host_allocator();
+  for (const std::size_t bytes : {kHuge, kHuge + 1, (std::size_t{5} << 20) + 3}) {
+    void* p = a.allocate(bytes, Device::cpu());
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % kHuge, 0u) << bytes;
+    std::memset(p, 7, bytes);  // the whole block is usable
+    a.deallocate(p, bytes, Device::cpu());
+  }
+  // Tensor::zeros: huge-page storage, zeroed (3 MiB of f32 plus a partial page).
+  const Tensor t = Tensor::zeros(DType::f32, {3, 262144 + 5});
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(t.data()) % kHuge, 0u);
+  const float* x = t.as<float>();
+  std::int64_t nonzero = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) nonzero += x[i] != 0.0f;
+  EXPECT_EQ(nonzero, 0);
 }
 
 TEST_F(HostAllocatorCache, EveryBlockIsSixtyFourByteAligned) {
