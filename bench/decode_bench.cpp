@@ -58,7 +58,9 @@ struct Bandwidth {
 // (docs/cpu_kernels.md), so it is decode's memory ceiling.
 Bandwidth measure_bandwidth(int reps, std::size_t row_bytes, std::size_t heads) {
   const std::size_t n = std::size_t{1} << 29;  // 2 GiB of floats for the read test
-  std::unique_ptr<float[]> a(new float[n]);
+  // attend's tensors, on the same pages as the caches decode reads (huge ones).
+  const attend::Tensor ta = attend::Tensor::zeros(attend::DType::f32, {static_cast<std::int64_t>(n)});
+  float* a = ta.as<float>();
 #pragma omp parallel for schedule(static)
   for (std::size_t i = 0; i < n; ++i) a[i] = static_cast<float>(i & 1023);
   volatile float sink = 0;
@@ -82,7 +84,7 @@ Bandwidth measure_bandwidth(int reps, std::size_t row_bytes, std::size_t heads) 
 #pragma omp parallel for schedule(static) reduction(+ : total)
     for (std::size_t blk = 0; blk < blocks; ++blk) {
       float acc[16] = {};
-      const float* base = a.get() + blk * 16 * token;
+      const float* base = a + blk * 16 * token;
       for (std::size_t h = 0; h < heads; ++h) {
         if (blk + 1 < blocks) {
           for (std::size_t j = 0; j < 16; ++j) {
@@ -102,7 +104,9 @@ Bandwidth measure_bandwidth(int reps, std::size_t row_bytes, std::size_t heads) 
   });
   (void)sink;
   const std::size_t m = n / 4;  // triad: three 512 MiB arrays
-  std::unique_ptr<float[]> b(new float[m]), c(new float[m]);
+  const attend::Tensor tb = attend::Tensor::zeros(attend::DType::f32, {static_cast<std::int64_t>(m)}),
+                       tc = attend::Tensor::zeros(attend::DType::f32, {static_cast<std::int64_t>(m)});
+  float *b = tb.as<float>(), *c = tc.as<float>();
 #pragma omp parallel for schedule(static)
   for (std::size_t i = 0; i < m; ++i) b[i] = c[i] = 1.0f;
   const double t_triad = best_of(reps, [&] {

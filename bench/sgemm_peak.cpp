@@ -4,9 +4,10 @@
 
 #include <algorithm>
 #include <random>
-#include <vector>
+#include <span>
 
 #include "attend/error.h"
+#include "attend/tensor.h"
 
 // Declared here as well as (in some versions) in cblas.h: the exact signature
 // OpenBLAS exports, so that the call links whatever header is found.
@@ -20,7 +21,11 @@ SgemmPeak measure_sgemm_peak(std::int64_t n, const TimingOptions& options) {
     throw Error(ErrorCode::invalid_argument, "sgemm_n", std::to_string(n), "must be in [1, 65536]");
   }
   const auto count = static_cast<std::size_t>(n * n);
-  std::vector<float> a(count), b(count), c(count);
+  // attend's tensors: the same pages (huge ones at this size) as the inputs
+  // of the kernels this peak is compared with.
+  const Tensor ta = Tensor::zeros(DType::f32, {n, n}), tb = Tensor::zeros(DType::f32, {n, n}),
+               tc = Tensor::zeros(DType::f32, {n, n});
+  const std::span<float> a(ta.as<float>(), count), b(tb.as<float>(), count), c(tc.as<float>(), count);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (auto& x : a) x = dist(rng);

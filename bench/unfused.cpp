@@ -153,19 +153,17 @@ UnfusedAttention::UnfusedAttention(const AttentionSpec& spec) : spec_(spec) {
   threads_ = std::max(1, omp_get_max_threads());
 }
 
-float* UnfusedAttention::buffer(std::unique_ptr<float[]>& buf, std::size_t& have, std::size_t need,
-                                const char* what) {
-  if (have < need) {
-    buf.reset();
-    have = 0;
-    buf.reset(new (std::nothrow) float[need]);  // uninitialised: every element is written before it is read
-    if (!buf) {
+float* UnfusedAttention::buffer(Tensor& buf, std::size_t need, const char* what) {
+  if (static_cast<std::size_t>(buf.numel()) < need) {
+    buf = Tensor();
+    try {
+      buf = Tensor::zeros(DType::f32, {static_cast<std::int64_t>(need)});
+    } catch (const Error&) {
       throw Error(ErrorCode::out_of_memory, what, std::to_string(need * sizeof(float)) + " bytes",
                   "the unfused baseline could not allocate its buffer");
     }
-    have = need;
   }
-  return buf.get();
+  return buf.as<float>();
 }
 
 std::size_t UnfusedAttention::extra_bytes(Pass pass) const {
@@ -186,8 +184,8 @@ void UnfusedAttention::forward(const Inputs& in, const TensorView& out, bool kee
   const std::int64_t sq = s.seqlen_q, sk = s.seqlen_kv, head_elems = sq * sk;
   const std::int64_t heads = s.batch * s.heads_q;
   const std::size_t slots = keep_probs ? static_cast<std::size_t>(heads) : static_cast<std::size_t>(threads_);
-  float* probs = keep_probs ? buffer(probs_, probs_n_, slots * static_cast<std::size_t>(head_elems), "probs")
-                            : buffer(scores_, scores_n_, slots * static_cast<std::size_t>(head_elems), "scores");
+  float* probs = keep_probs ? buffer(probs_, slots * static_cast<std::size_t>(head_elems), "probs")
+                            : buffer(scores_, slots * static_cast<std::size_t>(head_elems), "scores");
   have_probs_ = false;
   const blasint m = to_blas(sq, "seqlen_q"), n = to_blas(sk, "seqlen_kv");
   const blasint dqk = to_blas(s.head_dim_qk, "head_dim_qk"), dv = to_blas(s.head_dim_v, "head_dim_v");
@@ -223,7 +221,7 @@ void UnfusedAttention::backward(const Inputs& in, const TensorView& dout, const 
     check_rows(t, s.layout, name);
   }
   const std::int64_t sq = s.seqlen_q, sk = s.seqlen_kv, head_elems = sq * sk;
-  float* dprobs = buffer(dprobs_, dprobs_n_, static_cast<std::size_t>(threads_ * head_elems), "dprobs");
+  float* dprobs = buffer(dprobs_, static_cast<std::size_t>(threads_ * head_elems), "dprobs");
   const blasint m = to_blas(sq, "seqlen_q"), n = to_blas(sk, "seqlen_kv");
   const blasint dqk = to_blas(s.head_dim_qk, "head_dim_qk"), dv = to_blas(s.head_dim_v, "head_dim_v");
   const auto scale = static_cast<float>(s.effective_scale());
@@ -241,7 +239,7 @@ void UnfusedAttention::backward(const Inputs& in, const TensorView& dout, const 
       const std::int64_t h = hk * group + g;
       const float beta = g == 0 ? 0.0f : 1.0f;  // the group's first head overwrites dK/dV
       const Mat q = head(in.q, s.layout, b, h), o_grad = head(dout, s.layout, b, h), q_grad = head(dq, s.layout, b, h);
-      const float* p = probs_.get() + (b * s.heads_q + h) * head_elems;
+      const float* p = probs_.as<float>() + (b * s.heads_q + h) * head_elems;
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, dv, m, 1.0f, p, n, o_grad.p, o_grad.ld, beta,
                   v_grad.p, v_grad.ld);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, dv, 1.0f, o_grad.p, o_grad.ld, v.p, v.ld, 0.0f,

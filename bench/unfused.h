@@ -56,11 +56,13 @@ class UnfusedAttention {
   int threads() const { return threads_; }
 
  private:
-  float* buffer(std::unique_ptr<float[]>& buf, std::size_t& have, std::size_t need, const char* what);
+  // Grow-only f32 buffers, allocated as attend's tensors are (the same page
+  // size: huge pages for large ones), so that the baseline is not slowed by
+  // TLB misses the flash inputs do not have.
+  float* buffer(Tensor& buf, std::size_t need, const char* what);
 
   AttentionSpec spec_;
-  std::unique_ptr<float[]> scores_, probs_, dprobs_;
-  std::size_t scores_n_ = 0, probs_n_ = 0, dprobs_n_ = 0;
+  Tensor scores_, probs_, dprobs_;
   bool have_probs_ = false;
   int threads_ = 1;
 };
