@@ -15,8 +15,9 @@ namespace {
 
 bool huge(std::size_t bytes) { return bytes >= kHugePageBytes && huge_pages_advised(); }
 
+// Whole huge pages; a size within one page of SIZE_MAX is left as it is (its
+// allocation fails either way, with std::bad_alloc rather than a wrapped size).
 std::size_t huge_size(std::size_t bytes) {
-  // bytes >= kHugePageBytes, so the rounding overflows only within the last huge page of the address space.
   return bytes > SIZE_MAX - kHugePageBytes ? bytes : (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
 }
 
