@@ -127,8 +127,7 @@ class HostAllocator final : public Allocator {
     if (limit_ == 0 || bytes < kMinCached || bytes > SIZE_MAX - detail::kHugePageBytes) return 0;
     // A block of huge pages occupies whole ones (host_memory.h): its class is
     // their size, so that the cache counts the memory it holds.
-    const std::size_t granule =
-        bytes >= detail::kHugePageBytes && detail::huge_pages_advised() ? detail::kHugePageBytes : kCacheGranule;
+    const std::size_t granule = detail::huge_block(bytes) ? detail::kHugePageBytes : kCacheGranule;
     return (bytes + granule - 1) / granule * granule;
   }
 

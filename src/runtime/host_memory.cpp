@@ -13,8 +13,6 @@ namespace attend::detail {
 
 namespace {
 
-bool huge(std::size_t bytes) { return bytes >= kHugePageBytes && huge_pages_advised(); }
-
 // Whole huge pages; a size within one page of SIZE_MAX is left as it is (its
 // allocation fails either way, with std::bad_alloc rather than a wrapped size).
 std::size_t huge_size(std::size_t bytes) {
@@ -31,8 +29,10 @@ bool huge_pages_advised() {
   return on;
 }
 
+bool huge_block(std::size_t bytes) { return bytes >= kHugePageBytes && huge_pages_advised(); }
+
 void* host_allocate(std::size_t bytes) {
-  if (!huge(bytes)) return ::operator new (bytes, std::align_val_t{64});
+  if (!huge_block(bytes)) return ::operator new (bytes, std::align_val_t{64});
   const std::size_t size = huge_size(bytes);
   void* p = ::operator new (size, std::align_val_t{kHugePageBytes});
 #if defined(__linux__)
@@ -44,7 +44,7 @@ void* host_allocate(std::size_t bytes) {
 
 void host_free(void* ptr, std::size_t bytes) noexcept {
   if (ptr == nullptr) return;
-  if (!huge(bytes)) {
+  if (!huge_block(bytes)) {
     ::operator delete (ptr, std::align_val_t{64});
   } else {
     ::operator delete (ptr, std::align_val_t{kHugePageBytes});

@@ -25,5 +25,7 @@ void* host_allocate(std::size_t bytes);
 void host_free(void* ptr, std::size_t bytes) noexcept;
 // Whether large blocks are advised as huge pages (ATTEND_HUGE_PAGES != "0").
 bool huge_pages_advised();
+// Whether a block of `bytes` is allocated as whole huge pages.
+bool huge_block(std::size_t bytes);
 
 }  // namespace attend::detail
