@@ -10,6 +10,7 @@
 #include <new>
 #include <string>
 
+#include "attend/device.h"
 #include "attend/error.h"
 #include "kernel/semantics.h"
 
@@ -157,7 +158,9 @@ float* UnfusedAttention::buffer(Tensor& buf, std::size_t need, const char* what)
   if (static_cast<std::size_t>(buf.numel()) < need) {
     buf = Tensor();
     try {
-      buf = Tensor::zeros(DType::f32, {static_cast<std::int64_t>(need)});
+      // Uninitialised: every element is written before it is read.
+      const std::int64_t shape[] = {static_cast<std::int64_t>(need)};
+      buf = Tensor::empty(DType::f32, shape, Device::cpu(), host_allocator());
     } catch (const Error&) {
       throw Error(ErrorCode::out_of_memory, what, std::to_string(need * sizeof(float)) + " bytes",
                   "the unfused baseline could not allocate its buffer");

@@ -56,9 +56,9 @@ class UnfusedAttention {
   int threads() const { return threads_; }
 
  private:
-  // Grow-only f32 buffers, allocated as attend's tensors are (the same page
-  // size: huge pages for large ones), so that the baseline is not slowed by
-  // TLB misses the flash inputs do not have.
+  // Grow-only f32 buffers from attend's host allocator (the same page size as
+  // attend's tensors: huge pages for large ones), so that the baseline is not
+  // slowed by TLB misses the flash inputs do not have.
   float* buffer(Tensor& buf, std::size_t need, const char* what);
 
   AttentionSpec spec_;
