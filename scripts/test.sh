@@ -5,5 +5,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${ATTEND_BUILD_DIR:-$root/build}"
 bash "$root/scripts/install-deps.sh"
 # ON, not AUTO: the PyTorch binding's tests must not vanish when torch is missing.
-bash "$root/scripts/build.sh" -DATTEND_BUILD_PYTHON=ON
+# Every switch explicit: a tree the main job configured (scripts/run-default.sh)
+# has tests, benchmarks, MPI and CUDA switched off in its cache.
+bash "$root/scripts/build.sh" -DATTEND_BUILD_CLI=ON -DATTEND_BUILD_TESTS=ON -DATTEND_BUILD_BENCH=ON \
+  -DATTEND_BUILD_PYTHON=ON -DATTEND_CUDA=AUTO -DATTEND_CP_MPI=ON
 ctest --test-dir "$build" --output-on-failure -j "${ATTEND_JOBS:-$(nproc)}"
