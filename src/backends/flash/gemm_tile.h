@@ -1,5 +1,12 @@
 // Register-blocked GEMM for the small tiles of the flash kernels:
 //   C[m x n] (= or +=) A[m x k] * B[k x n]
+// With accumulate, the k products of each element are summed from zero and
+// the tile's sum is then added to C, not chained onto C's running value: dK/dV
+// add one such tile per query block over every row of a GQA group (and O one
+// per key block), so a chain would be one sequential f32 sum of group * Sq
+// terms, with an error growing like its length, where blocks of k keep it near
+// sqrt(n k) + n / sqrt(k) (FlashAttention's f32 rule failed on MHA/MQA dK/dV
+// at 4,096 rows). The extra add per accumulator is 1/k of the multiply-adds.
 // A is addressed as A(r, p) = a[r * ars + p * aps], so a tile can be used
 // transposed without copying it (its elements are broadcast one at a time).
 // B and C are row-major (ldb, ldc in floats) and n must be a multiple of Simd::W,
@@ -24,7 +31,7 @@ inline void micro_kernel(std::int64_t k, MatA a, const float* b, std::int64_t ld
                          bool accumulate) {
   typename S::V acc[MR][NV];
   for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? S::load(c + r * ldc + v * S::W) : S::zero();
+    for (int v = 0; v < NV; ++v) acc[r][v] = S::zero();
   }
   for (std::int64_t p = 0; p < k; ++p) {
     typename S::V bv[NV];
@@ -36,7 +43,10 @@ inline void micro_kernel(std::int64_t k, MatA a, const float* b, std::int64_t ld
     }
   }
   for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) S::store(c + r * ldc + v * S::W, acc[r][v]);
+    for (int v = 0; v < NV; ++v) {
+      float* cv = c + r * ldc + v * S::W;
+      S::store(cv, accumulate ? S::add(S::load(cv), acc[r][v]) : acc[r][v]);
+    }
   }
 }
 
