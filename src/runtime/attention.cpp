@@ -6,6 +6,7 @@
 #include <string>
 
 #include "attend/error.h"
+#include "runtime/plan_access.h"
 
 namespace attend {
 
@@ -60,10 +61,12 @@ Tensor allocate_like(const AttentionSpec& s, Role role, const TensorView& input,
 }  // namespace
 
 ForwardResult forward(const Inputs& inputs, const AttentionSpec& spec, Mode mode, const CallOptions& options) {
+  // Shape errors first: they are the caller's to fix. Then the plan's
+  // validated entry, which checks neither again.
   validate(spec);
-  validate_input_shapes(spec, inputs);  // shape errors first: they are the caller's to fix
+  validate_input_shapes(spec, inputs);
   const Device device = device_of(inputs);
-  Plan plan = Plan::make(spec, mode, {options.policy, device});
+  Plan plan = PlanAccess::make(spec, mode, {options.policy, device}, PlanAccess::Checked::spec_and_inputs);
   ForwardResult r;
   TensorView out = options.out, lse = options.lse;
   if (!out.defined()) {
@@ -74,7 +77,8 @@ ForwardResult forward(const Inputs& inputs, const AttentionSpec& spec, Mode mode
     r.lse = allocate(spec, Role::lse, device, options.allocator);
     lse = r.lse;
   }
-  plan.forward(inputs, out, lse, {{}, options.stream, options.allocator});
+  PlanAccess::forward(plan, inputs, out, lse, {{}, options.stream, options.allocator},
+                      PlanAccess::Checked::spec_and_inputs);
   r.ctx = ContextAccess::make(std::move(plan), inputs, out, lse, r.out, r.lse, options.allocator, options.stream);
   return r;
 }
@@ -120,7 +124,8 @@ Gradients run_backward(const Plan& plan, const Inputs& in, const TensorView& out
     }
     views.dsinks = g.dsinks = allocate(s, Role::dsinks, device, options.allocator);
   }
-  plan.backward(in, out, lse, dout, views, {{}, options.stream, options.allocator});
+  PlanAccess::backward(plan, in, out, lse, dout, views, {{}, options.stream, options.allocator},
+                       PlanAccess::Checked::spec_and_inputs);
   return g;
 }
 
@@ -147,7 +152,8 @@ Gradients backward(const AttentionSpec& spec, const Inputs& inputs, const Tensor
                    const TensorView& dout, const CallOptions& options) {
   validate(spec);
   validate_input_shapes(spec, inputs);
-  const Plan plan = Plan::make(spec, Mode::training, {options.policy, device_of(inputs)});
+  const Plan plan = PlanAccess::make(spec, Mode::training, {options.policy, device_of(inputs)},
+                                     PlanAccess::Checked::spec_and_inputs);
   return run_backward(plan, inputs, out, lse, dout, options);
 }
 

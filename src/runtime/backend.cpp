@@ -181,9 +181,9 @@ ScopedWorkspace::~ScopedWorkspace() {
 
 namespace {
 
-// The gate both passes go through: the call's target resolved on the tensors'
-// device, the backend's own check, workspace, then the kernel (`kernel`, which
-// gets the prepared arguments).
+// Backend's entry for both passes: the call's target resolved on the tensors'
+// device, the backend's own check, then the gate (`kernel` gets the prepared
+// arguments).
 template <class Args, class Scratch, class Kernel>
 void gated(const Backend& b, Pass pass, const Args& args, const Target& resolved, Scratch&& scratch_bytes,
            Kernel&& kernel) {
@@ -191,10 +191,7 @@ void gated(const Backend& b, Pass pass, const Args& args, const Target& resolved
   run.target = resolved;
   run.target.device = args.in.q.device;
   detail::require_support(b, args.spec, pass, run.target);
-  const detail::ScopedWorkspace ws(scratch_bytes(run.target), args.workspace, nullptr, run.target.device, b.name(),
-                                   pass);
-  run.workspace = ws.ws;
-  detail::with_alloc_errors(b.name(), pass, [&] { kernel(run); });
+  detail::run_gated(b.name(), pass, run, scratch_bytes(run.target), nullptr, kernel);
 }
 
 }  // namespace

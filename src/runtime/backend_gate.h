@@ -1,5 +1,6 @@
-// Internal: the pieces of Backend::forward/backward that plans reuse — the
-// support gate, workspace provisioning and allocation-error translation.
+// Internal: the gate between a call and a kernel, shared by
+// Backend::forward/backward and plans — the support check, workspace
+// provisioning and allocation-error translation.
 #pragma once
 
 #include <cstddef>
@@ -41,6 +42,18 @@ void with_alloc_errors(std::string_view backend, Pass pass, Fn&& fn) {
     throw Error(ErrorCode::out_of_memory, "backend", std::string(backend),
                 std::string(to_string(pass)) + " could not allocate its buffers");
   }
+}
+
+// The one gate into a kernel: workspace (the caller's, checked for size, or
+// allocated for the call from `allocator`), then `kernel(args)`, whose own
+// allocation failures become attend::Error. Support was decided before:
+// require_support (Backend's entry) or the selection a plan was made from.
+template <class Args, class Kernel>
+void run_gated(std::string_view backend, Pass pass, Args args, std::size_t scratch, Allocator* allocator,
+               Kernel&& kernel) {
+  const ScopedWorkspace ws(scratch, args.workspace, allocator, args.target.device, backend, pass);
+  args.workspace = ws.ws;
+  with_alloc_errors(backend, pass, [&] { kernel(args); });
 }
 
 }  // namespace attend::detail

@@ -5,29 +5,24 @@
 
 #include "attend/error.h"
 #include "runtime/backend_gate.h"
+#include "runtime/plan_access.h"
 #include "runtime/select_cache.h"
 #include "runtime/validate.h"
 
 namespace attend {
 
-// Backend's kernels are protected; a plan reaches them after the checks that
-// Backend::forward/backward would run (done once, when the plan was made).
-struct PlanAccess {
-  static void forward(const Backend& b, const ForwardArgs& a) { b.run_forward(a); }
-  static void backward(const Backend& b, const BackwardArgs& a) { b.run_backward(a); }
-  static std::size_t scratch(const Backend& b, const AttentionSpec& s, Pass p, const Target& t) {
-    return b.scratch_bytes(s, p, t);
-  }
-};
-
-Plan Plan::make(const AttentionSpec& spec, Mode mode, const PlanOptions& options) {
+Plan PlanAccess::make(const AttentionSpec& spec, Mode mode, const PlanOptions& options, Checked checked) {
   Plan p;
-  p.selection_ = detail::select_shared(spec, mode, options.policy, options.device);
+  p.selection_ = detail::select_shared(spec, mode, options.policy, options.device, checked == Checked::spec_and_inputs);
   p.backend_ = p.selection_->backend;
   p.spec_ = spec;
   p.mode_ = mode;
   p.target_ = {options.device, p.selection_->variant};
   return p;
+}
+
+Plan Plan::make(const AttentionSpec& spec, Mode mode, const PlanOptions& options) {
+  return PlanAccess::make(spec, mode, options, PlanAccess::Checked::nothing);
 }
 
 std::string_view Plan::variant() const {
@@ -57,34 +52,43 @@ void require_device(const Plan& plan, const TensorView& q) {
 
 }  // namespace
 
+void PlanAccess::forward(const Plan& plan, const Inputs& in, const TensorView& out, const TensorView& lse,
+                         const RunOptions& run, Checked checked) {
+  if (!plan.valid()) throw Error(ErrorCode::bad_state, "plan", "empty", "a default-constructed plan has no backend");
+  require_device(plan, in.q);
+  const ForwardArgs args{plan.spec_, in, out, lse, run.workspace, plan.target_, run.stream};
+  detail::validate_forward_tensors(args, checked == Checked::spec_and_inputs);
+  const Backend& b = *plan.backend_;
+  detail::run_gated(b.name(), Pass::forward, args, scratch(b, plan.spec_, Pass::forward, plan.target_), run.allocator,
+                    [&](const ForwardArgs& a) { forward(b, a); });
+}
+
+void PlanAccess::backward(const Plan& plan, const Inputs& in, const TensorView& out, const TensorView& lse,
+                          const TensorView& dout, const GradViews& grads, const RunOptions& run, Checked checked) {
+  if (!plan.valid()) throw Error(ErrorCode::bad_state, "plan", "empty", "a default-constructed plan has no backend");
+  const Backend& b = *plan.backend_;
+  if (plan.mode_ != Mode::training) {
+    throw Error(ErrorCode::bad_state, "plan.mode", "inference",
+                "backward needs a plan made for Mode::training: an inference selection never checked that "
+                "backend '" +
+                    std::string(b.name()) + "' has a backward for this problem");
+  }
+  require_device(plan, in.q);
+  const BackwardArgs args{plan.spec_, in,          out,           lse,          dout,       grads.dq,
+                          grads.dk,   grads.dv,    grads.dbias,   run.workspace, plan.target_, run.stream,
+                          grads.dsinks};
+  detail::validate_backward_tensors(args, checked == Checked::spec_and_inputs);
+  detail::run_gated(b.name(), Pass::backward, args, scratch(b, plan.spec_, Pass::backward, plan.target_),
+                    run.allocator, [&](const BackwardArgs& a) { backward(b, a); });
+}
+
 void Plan::forward(const Inputs& in, const TensorView& out, const TensorView& lse, const RunOptions& run) const {
-  if (!valid()) throw Error(ErrorCode::bad_state, "plan", "empty", "a default-constructed plan has no backend");
-  require_device(*this, in.q);
-  ForwardArgs args{spec_, in, out, lse, run.workspace, target_, run.stream};
-  detail::validate_forward_tensors(args);
-  const detail::ScopedWorkspace ws(PlanAccess::scratch(*backend_, spec_, Pass::forward, target_), run.workspace,
-                                   run.allocator, target_.device, backend_->name(), Pass::forward);
-  args.workspace = ws.ws;
-  detail::with_alloc_errors(backend_->name(), Pass::forward, [&] { PlanAccess::forward(*backend_, args); });
+  PlanAccess::forward(*this, in, out, lse, run, PlanAccess::Checked::nothing);
 }
 
 void Plan::backward(const Inputs& in, const TensorView& out, const TensorView& lse, const TensorView& dout,
                     const GradViews& grads, const RunOptions& run) const {
-  if (!valid()) throw Error(ErrorCode::bad_state, "plan", "empty", "a default-constructed plan has no backend");
-  if (mode_ != Mode::training) {
-    throw Error(ErrorCode::bad_state, "plan.mode", "inference",
-                "backward needs a plan made for Mode::training: an inference selection never checked that "
-                "backend '" +
-                    std::string(backend_->name()) + "' has a backward for this problem");
-  }
-  require_device(*this, in.q);
-  BackwardArgs args{spec_,    in,          out,           lse,     dout,       grads.dq,    grads.dk,
-                    grads.dv, grads.dbias, run.workspace, target_, run.stream, grads.dsinks};
-  detail::validate_backward_tensors(args);
-  const detail::ScopedWorkspace ws(PlanAccess::scratch(*backend_, spec_, Pass::backward, target_), run.workspace,
-                                   run.allocator, target_.device, backend_->name(), Pass::backward);
-  args.workspace = ws.ws;
-  detail::with_alloc_errors(backend_->name(), Pass::backward, [&] { PlanAccess::backward(*backend_, args); });
+  PlanAccess::backward(*this, in, out, lse, dout, grads, run, PlanAccess::Checked::nothing);
 }
 
 }  // namespace attend

@@ -232,8 +232,8 @@ std::string_view Selection::variant_name() const {
 namespace detail {
 
 std::shared_ptr<const Selection> select_shared(const AttentionSpec& spec, Mode mode, const Policy* policy,
-                                               Device device) {
-  validate(spec);
+                                               Device device, bool spec_validated) {
+  if (!spec_validated) validate(spec);
   // The process-wide policy is a snapshot (no copy); an explicit one is keyed by its text.
   std::shared_ptr<const PolicySnapshot> snap;
   std::uint64_t policy_id = 0;

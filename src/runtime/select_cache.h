@@ -19,7 +19,8 @@ struct Candidate {
 // process-wide policy). Throws attend::Error(unsupported) with the verdict
 // table when nothing fits. May return the selection made for an earlier spec
 // of the same cache bucket, after re-checking that it holds for this one.
+// spec_validated: the caller ran validate(spec) already (PlanAccess's entry).
 std::shared_ptr<const Selection> select_shared(const AttentionSpec& spec, Mode mode, const Policy* policy,
-                                               Device device);
+                                               Device device, bool spec_validated = false);
 
 }  // namespace attend::detail

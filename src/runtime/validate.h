@@ -6,7 +6,9 @@
 
 namespace attend::detail {
 
-void validate_forward_tensors(const ForwardArgs& args);
-void validate_backward_tensors(const BackwardArgs& args);
+// inputs_checked: the input tensors' shapes were validated already
+// (validate_input_shapes); the outputs, gradients and contents still are.
+void validate_forward_tensors(const ForwardArgs& args, bool inputs_checked = false);
+void validate_backward_tensors(const BackwardArgs& args, bool inputs_checked = false);
 
 }  // namespace attend::detail
