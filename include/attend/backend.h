@@ -47,8 +47,9 @@ enum class ReasonCode : std::uint8_t {
   out_dtype,   // an output dtype other than the input dtype (f32 partials)
   accumulate,  // backward adding into dq/dk/dv instead of overwriting them
   sinks,       // softmax_type: a sink logit, or the gradient of learnable ones
+  library,     // an external library the backend runs on is missing, too old, or refuses the problem
 };
-inline constexpr int kReasonCodeCount = static_cast<int>(ReasonCode::sinks) + 1;
+inline constexpr int kReasonCodeCount = static_cast<int>(ReasonCode::library) + 1;
 std::string_view to_string(ReasonCode code);
 
 // One unmet requirement: a code plus a sentence naming the field, the value and

@@ -36,6 +36,7 @@ std::string_view to_string(ReasonCode code) {
     case ReasonCode::out_dtype: return "out_dtype";
     case ReasonCode::accumulate: return "accumulate";
     case ReasonCode::sinks: return "sinks";
+    case ReasonCode::library: return "library";
   }
   return "other";
 }
