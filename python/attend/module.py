@@ -23,6 +23,7 @@ import torch
 
 from . import _autograd, _masks
 from .errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
+from ._torch_inputs import autocast as _autocast
 
 _MASK_TYPES = ("no_mask", "causal", "causal_bottom_right", "padding", "padding_causal",
                "padding_causal_bottom_right", "arbitrary")
@@ -125,7 +126,6 @@ class DotProductAttention(torch.nn.Module):
     def _problem(self, q, k, v, attention_mask=None, qkv_format=None, cu_seqlens_q=None, cu_seqlens_kv=None,
                  max_seqlen_q=None, max_seqlen_kv=None, attn_mask_type=None, window_size=None,
                  core_attention_bias_type="no_bias", core_attention_bias=None, alibi_slopes=None):
-        from .torch import _autocast
         q, k, v = _autocast(q, k, v)
         if core_attention_bias is not None:
             (core_attention_bias,) = _autocast(core_attention_bias)

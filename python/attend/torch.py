@@ -23,6 +23,7 @@ from .errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, 
 from ._autograd import Problem, draw_dropout_seed
 from ._masks import dropout_mask, dropout_mask_varlen
 from ._spec_fields import with_fields
+from ._torch_inputs import autocast as _autocast, compiling as _compiling
 from .module import DotProductAttention
 from .policy import Explanation
 
@@ -58,30 +59,6 @@ def _check_dropout(dropout_p, name="dropout_p"):
     if not 0.0 <= p <= 1.0:
         _raise(InvalidArgumentError, name, dropout_p, "a dropout probability must lie in [0, 1]")
     return p
-
-
-_NEW_AUTOCAST = hasattr(torch, "get_autocast_dtype")
-
-
-def _compiling():
-    """True inside a torch.compile trace (it cannot call into the extension)."""
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
-
-
-def _autocast(*tensors):
-    """Under torch.autocast on the CPU, floating inputs in the autocast dtype
-    (attention is a lower-precision op there, as torch's own SDPA is)."""
-    if _NEW_AUTOCAST:
-        if not torch.is_autocast_enabled("cpu"):
-            return tensors
-        dt = torch.get_autocast_dtype("cpu")
-    else:
-        if not torch.is_autocast_cpu_enabled():
-            return tensors
-        dt = torch.get_autocast_cpu_dtype()
-    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dt else t
-                 for t in tensors)
 
 
 def _bias_requires_grad(bias):
