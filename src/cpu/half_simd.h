@@ -1,5 +1,5 @@
 // Widening loads and narrowing stores between bf16/f16 (or f32) memory and a
-// Simd vector of f32 (flash's SimdScalar / SimdAvx2 / SimdAvx512). Included
+// Simd vector of f32 (cpu::SimdScalar / SimdAvx2 / SimdAvx512). Included
 // inside an ISA TU's target region after its simd_*.h, with kernel/half.h and
 // <immintrin.h> included before the region. Everything here is a template on
 // the Simd type, so each ISA gets its own instantiations: no inline function

@@ -6,7 +6,7 @@
 
 #include "cpu/simd_exp.h"
 
-namespace attend::flash {
+namespace attend::cpu {
 
 struct SimdAvx2 {
   using V = __m256;
@@ -98,4 +98,4 @@ struct SimdAvx2 {
   }
 };
 
-}  // namespace attend::flash
+}  // namespace attend::cpu

@@ -8,7 +8,7 @@
 
 #include "cpu/simd_exp.h"
 
-namespace attend::flash {
+namespace attend::cpu {
 
 struct SimdAvx512 {
   using V = __m512;
@@ -97,4 +97,4 @@ struct SimdAvx512 {
   }
 };
 
-}  // namespace attend::flash
+}  // namespace attend::cpu

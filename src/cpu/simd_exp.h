@@ -1,7 +1,7 @@
 // Constants of the vector exp shared by the SIMD back ends.
 #pragma once
 
-namespace attend::flash {
+namespace attend::cpu {
 
 inline constexpr float kLog2e = 1.44269504088896341f;
 // exp(x) for x below this is < 2^-126 (FLT_MIN): returned as exactly 0.
@@ -21,4 +21,4 @@ inline constexpr int kTanhSeriesTerms = 5;  // coefficients of x^3 .. x^11
 inline constexpr float kTanhSeries[kTanhSeriesTerms] = {-1.0f / 3, 2.0f / 15, -17.0f / 315, 62.0f / 2835,
                                                         -1382.0f / 155925};
 
-}  // namespace attend::flash
+}  // namespace attend::cpu

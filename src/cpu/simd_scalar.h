@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-namespace attend::flash {
+namespace attend::cpu {
 
 struct SimdScalar {
   using V = float;
@@ -38,4 +38,4 @@ struct SimdScalar {
   }
 };
 
-}  // namespace attend::flash
+}  // namespace attend::cpu

@@ -10,7 +10,7 @@
 #pragma once
 
 // The instruction sets of the kernel families (dispatch checks the CPU for the
-// same ones at run time: flash::cpu_supports).
+// same ones at run time: cpu::supports).
 #define ATTEND_FEATURES_AVX2 "avx2,fma,bmi,bmi2,f16c"
 #define ATTEND_FEATURES_AVX512 "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,bmi,bmi2,f16c"
 #define ATTEND_FEATURES_AVX512_BF16_AMX \

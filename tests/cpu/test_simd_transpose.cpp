@@ -19,7 +19,7 @@ ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512)
 #include "cpu/simd_avx512.h"
 namespace {
 void transpose_avx512(const float* in, float* out) {
-  using S = attend::flash::SimdAvx512;
+  using S = attend::cpu::SimdAvx512;
   S::V r[S::W];
   for (int i = 0; i < S::W; ++i) r[i] = S::load(in + i * S::W);
   S::transpose(r);
@@ -33,7 +33,7 @@ ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 #include "cpu/simd_avx2.h"
 namespace {
 void transpose_avx2(const float* in, float* out) {
-  using S = attend::flash::SimdAvx2;
+  using S = attend::cpu::SimdAvx2;
   S::V r[S::W];
   for (int i = 0; i < S::W; ++i) r[i] = S::load(in + i * S::W);
   S::transpose(r);
@@ -66,7 +66,7 @@ void expect_transposed(const std::vector<float>& in, const std::vector<float>& o
 
 TEST(SimdTranspose, Avx512MovesElementIJToJI) {
   if (!attend::cpu::supports(Isa::avx512)) GTEST_SKIP() << attend::cpu::missing(Isa::avx512);
-  constexpr int w = attend::flash::SimdAvx512::W;
+  constexpr int w = attend::cpu::SimdAvx512::W;
   const std::vector<float> in = block(w);
   std::vector<float> out(in.size());
   transpose_avx512(in.data(), out.data());
@@ -75,7 +75,7 @@ TEST(SimdTranspose, Avx512MovesElementIJToJI) {
 
 TEST(SimdTranspose, Avx2MovesElementIJToJI) {
   if (!attend::cpu::supports(Isa::avx2)) GTEST_SKIP() << attend::cpu::missing(Isa::avx2);
-  constexpr int w = attend::flash::SimdAvx2::W;
+  constexpr int w = attend::cpu::SimdAvx2::W;
   const std::vector<float> in = block(w);
   std::vector<float> out(in.size());
   transpose_avx2(in.data(), out.data());

@@ -20,7 +20,7 @@ ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 // Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
 // clang-format off
 #define ATTEND_DECODE_ISA isa_avx2
-#define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx2
+#define ATTEND_DECODE_SIMD ::attend::cpu::SimdAvx2
 #include "cpu/simd_avx2.h"
 #include "backends/decode/decode_impl.h"
 // clang-format on

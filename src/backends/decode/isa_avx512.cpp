@@ -21,7 +21,7 @@ ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512)
 // Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
 // clang-format off
 #define ATTEND_DECODE_ISA isa_avx512
-#define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx512
+#define ATTEND_DECODE_SIMD ::attend::cpu::SimdAvx512
 #include "cpu/simd_avx512.h"
 #include "backends/decode/decode_impl.h"
 // clang-format on

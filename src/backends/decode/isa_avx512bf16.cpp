@@ -34,7 +34,7 @@ ATTEND_TARGET_REGION_END()
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512_BF16_AMX)
 // clang-format off
 #define ATTEND_DECODE_ISA isa_avx512bf16
-#define ATTEND_DECODE_SIMD ::attend::flash::SimdAvx512
+#define ATTEND_DECODE_SIMD ::attend::cpu::SimdAvx512
 #define ATTEND_DECODE_BF16_DOT 1
 #include "backends/decode/decode_impl.h"
 // clang-format on

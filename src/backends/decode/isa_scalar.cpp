@@ -16,7 +16,7 @@
 // Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
 // clang-format off
 #define ATTEND_DECODE_ISA isa_scalar
-#define ATTEND_DECODE_SIMD ::attend::flash::SimdScalar
+#define ATTEND_DECODE_SIMD ::attend::cpu::SimdScalar
 #include "cpu/simd_scalar.h"
 #include "backends/decode/decode_impl.h"
 // clang-format on

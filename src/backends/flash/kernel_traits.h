@@ -6,14 +6,21 @@
 
 #include <cstdint>
 
-namespace attend::flash {
-
-template <class Simd>
-struct KernelTraits;
-
+namespace attend::cpu {
 struct SimdScalar;
 struct SimdAvx2;
 struct SimdAvx512;
+}  // namespace attend::cpu
+
+namespace attend::flash {
+
+// The vector types are the CPU support's (src/cpu/simd_*.h), shared with decode.
+using cpu::SimdAvx2;
+using cpu::SimdAvx512;
+using cpu::SimdScalar;
+
+template <class Simd>
+struct KernelTraits;
 
 template <>
 struct KernelTraits<SimdScalar> {
