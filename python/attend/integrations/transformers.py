@@ -1,0 +1,344 @@
+"""attend as a Hugging Face transformers attention implementation.
+
+    import attend.integrations.transformers  # registers "attend"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="attend")
+    model.set_attn_implementation("attend")  # or switch a loaded model
+
+Importing this module registers two functions under the name "attend":
+
+- with ``AttentionMaskInterface``, a mask function. transformers calls it once
+  per forward and mask kind (full, sliding) instead of building a dense
+  (B, 1, Sq, Sk) mask; it returns a :class:`PaddingMask` (which keys of each
+  sequence are real, where the queries sit among the keys, and the causal /
+  sliding-window pattern read off the model's mask function);
+- with ``AttentionInterface``, the attention function every attention layer
+  calls. It maps the layer's problem onto attend.torch:
+
+  * no padding: ``flash_attn_func`` on the (B, H, S, D) tensors as they are
+    (strided views, no copy): causal bottom-right aligned, so a query block
+    shorter than the keys (cached generation) sits at the end of the keys;
+  * padded batches (left padding in generation, right padding in training):
+    ``flash_attn_varlen_func`` over each sequence's real tokens (query rows
+    and keys gathered with autograd, the output scattered back, padding rows
+    0); in inference with left padding only (``generate``),
+    ``flash_attn_with_kvcache`` reads the keys in place from each sequence's
+    first real key (``cache_leftpad``), with no gather;
+  * GQA/MQA without repeating K/V, the layer's ``scaling``, ``softcap``
+    (Gemma-2), attention sinks (gpt-oss ``s_aux``, with their gradient) and
+    ``dropout`` as the layer passes them; autograd through attend's backward.
+
+  A mask attend cannot express (a model's own mask function, e.g. image-token
+  overlays or chunked attention, or key padding with holes) falls back, with
+  a warning naming the reason, to a dense boolean mask that attend runs as an
+  additive bias (``scaled_dot_product_attention``): still attend, but with a
+  dense mask. A 4-D mask passed in by the caller is run the same way.
+
+The tensors' device decides the backend: attend's CPU backends today; on
+another device attend raises an error naming the device. ``ATTEND_LOG=info``
+prints each new selection (which backend runs which layer's problem).
+"""
+
+import logging
+from typing import Any, Optional, Tuple
+
+import torch
+
+try:
+    import transformers
+    from transformers import masking_utils
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+except ImportError as e:
+    raise ImportError(f"attend.integrations.transformers needs Hugging Face transformers with "
+                      f"AttentionInterface and AttentionMaskInterface (pip install 'attend[transformers]'): {e}") from e
+
+from ..errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
+from ..torch import (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
+                     scaled_dot_product_attention)
+
+__all__ = ["NAME", "PaddingMask", "attention_forward", "create_mask", "register"]
+
+NAME = "attend"
+
+logger = logging.getLogger(__name__)
+_warned = set()
+
+
+def _warn_once(reason, message):
+    if reason not in _warned:
+        _warned.add(reason)
+        logger.warning(message)
+
+
+class PaddingMask:
+    """What the "attend" mask function hands each attention layer in place of a
+    dense 4-D mask.
+
+    keys: bool (B, kv_length), True for a real key (None: every key is real);
+    q_start: the key index of query row 0 (row i sits at key q_start + i);
+    left, right: the window in key positions around each query (-1:
+    unbounded), right == 0 being causal.
+
+    ``shape`` and ``ndim`` are those of the dense mask it stands for, as
+    transformers reads them from a mask built ahead of the forward (``generate``
+    with a static cache builds the masks once per step and hands them to the
+    model, whose own mask creation must then pass them through)."""
+
+    __slots__ = ("keys", "q_start", "left", "right", "batch", "q_length", "kv_length")
+    ndim = 4
+
+    def __init__(self, keys: Optional[torch.Tensor], q_start: int, left: int, right: int, batch: int,
+                 q_length: int, kv_length: int):
+        self.keys, self.q_start, self.left, self.right = keys, q_start, left, right
+        self.batch, self.q_length, self.kv_length = batch, q_length, kv_length
+
+    @property
+    def shape(self) -> Tuple[int, int, int, int]:
+        return self.batch, 1, self.q_length, self.kv_length
+
+    def dim(self) -> int:
+        return 4
+
+    def __repr__(self):
+        keys = None if self.keys is None else tuple(self.keys.shape)
+        return (f"PaddingMask(keys={keys}, q_start={self.q_start}, left={self.left}, right={self.right}, "
+                f"shape={self.shape})")
+
+
+# --- reading transformers' mask functions ---------------------------------------------------------
+
+def _code(factory, *args):
+    """The code object of the closures `factory` makes (None if this transformers lacks it)."""
+    f = getattr(masking_utils, factory, None)
+    return f(*args).__code__ if f is not None else None
+
+
+_AND = _code("and_masks", masking_utils.causal_mask_function)
+_SLIDING = _code("sliding_window_overlay", 1)
+_SLIDING_BIDIRECTIONAL = _code("sliding_window_bidirectional_overlay", 1)
+
+
+def _cells(fn):
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+
+
+def _tighter(a, b):
+    return b if a < 0 else a if b < 0 else min(a, b)
+
+
+def _pattern(fn) -> Optional[Tuple[int, int]]:
+    """(left, right) window of a transformers mask function built from its causal,
+    bidirectional and sliding-window pieces (-1: unbounded side); None for
+    anything else, whose meaning only evaluating it would tell."""
+    if fn is masking_utils.causal_mask_function:
+        return -1, 0  # kv <= q
+    if fn is masking_utils.bidirectional_mask_function:
+        return -1, -1
+    code = getattr(fn, "__code__", None)
+    if code is None or code not in (_AND, _SLIDING, _SLIDING_BIDIRECTIONAL):
+        return None
+    cells = _cells(fn)
+    if code is _SLIDING:  # kv > q - w
+        return int(cells["sliding_window"]) - 1, -1
+    if code is _SLIDING_BIDIRECTIONAL:  # |q - kv| <= w
+        w = int(cells["sliding_window"])
+        return w, w
+    left, right = -1, -1  # and_masks: the intersection of its parts
+    for part in cells["mask_functions"]:
+        p = _pattern(part)
+        if p is None:
+            return None
+        left, right = _tighter(left, p[0]), _tighter(right, p[1])
+    return left, right
+
+
+def create_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
+                  mask_function: Any = masking_utils.causal_mask_function,
+                  attention_mask: Optional[torch.Tensor] = None, **kwargs: Any):
+    """transformers' mask-interface signature (masking_utils.sdpa_mask's): a
+    PaddingMask when attend can run the mask as it is, else a dense boolean
+    (B, 1, q_length, kv_length) mask (with a warning saying why)."""
+    if isinstance(attention_mask, PaddingMask):
+        return attention_mask  # built ahead of the forward (generate with a static cache)
+    pattern = _pattern(mask_function)
+    q_offset, kv_offset = int(q_offset), int(kv_offset)
+    if pattern is None:
+        _warn_once(("mask_function", getattr(mask_function, "__qualname__", "")),
+                   f"attend: the model's mask function {getattr(mask_function, '__qualname__', mask_function)!r} "
+                   "is not a causal/sliding-window pattern attend reads; falling back to a dense "
+                   f"(B, 1, {q_length}, {kv_length}) mask, which attend runs as an additive bias")
+        kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
+        return masking_utils.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
+                                       q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
+                                       attention_mask=attention_mask, **kwargs)
+    keys = None
+    if attention_mask is not None:
+        # Key index j is sequence position kv_offset + j; positions past the 2-D
+        # mask (a static cache's unused slots) are not keys (as in sdpa_mask).
+        keys = attention_mask.to(torch.bool)
+        short = kv_offset + kv_length - keys.shape[-1]
+        if short > 0:
+            keys = torch.nn.functional.pad(keys, (0, short), value=False)
+        keys = keys[:, kv_offset:kv_offset + kv_length]
+        if bool(keys.all()):
+            keys = None
+    return PaddingMask(keys, q_offset - kv_offset, pattern[0], pattern[1], batch_size, q_length, kv_length)
+
+
+# --- the attention function ---------------------------------------------------------------------
+
+def _dense(query, key, value, mask, dropout, scaling, softcap, sinks):
+    """A dense (B|1, 1|H, Sq, >= Sk) bool or additive mask, run by attend as a bias."""
+    if mask.dim() != 4:
+        _raise(ShapeMismatchError, "attention_mask.dim", mask.dim(), "expected a 4-D (B, 1, Sq, Sk) mask, a 2-D "
+               "(B, Sk) padding mask or the PaddingMask of the 'attend' mask function")
+    mask = mask[:, :, :, :key.shape[-2]]  # as eager attention slices it
+    if mask.dtype != torch.bool and mask.dtype != query.dtype:
+        mask = mask.to(query.dtype)
+    extra = {"softcap": float(softcap)} if softcap else {}
+    out = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                       enable_gqa=True, sinks=sinks, **extra)
+    return out.transpose(1, 2)
+
+
+def _runs(valid):
+    """Per sequence, the first real key, one past the last and the count."""
+    n = valid.shape[1]
+    count = valid.sum(1)
+    first = torch.where(count > 0, valid.to(torch.int8).argmax(1), torch.zeros_like(count))
+    last = torch.where(count > 0, n - valid.flip(1).to(torch.int8).argmax(1), torch.zeros_like(count))
+    return first, last, count
+
+
+def _padded(q, k, v, m, flash, dense_fallback):
+    """Attention over each sequence's real keys. q (B, Sq, H, D), k/v (B, Sk, Hk, D)."""
+    B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+    valid = m.keys if m.keys is not None else torch.ones(B, Sk, dtype=torch.bool, device=k.device)
+    positional = m.left >= 0 or m.right >= 0
+    if not positional:
+        # No mask depends on positions: every query row attends to its sequence's
+        # real keys, wherever they are (holes too).
+        nk = valid.sum(1)
+        cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device) * Sq
+        cu_k = torch.nn.functional.pad(nk.cumsum(0, dtype=torch.int32), (1, 0))
+        out = flash_attn_varlen_func(q.reshape(B * Sq, *q.shape[2:]), k[valid], v[valid], cu_q, cu_k, Sq,
+                                     max(int(nk.max()), 1), causal=False, **flash)
+        return out.view(B, Sq, *out.shape[1:])
+    first, last, count = _runs(valid)
+    if bool(((last - first != count) & (count > 0)).any()):
+        return dense_fallback("padding with holes", "key padding that is not one run of real keys per sequence "
+                              "(e.g. right padding in generation)")
+    # Query rows whose own position is a real key, [q_lo, q_hi); the keys they
+    # can see end at the last such row (causal) for bottom-right alignment.
+    q_lo = (first - m.q_start).clamp(0, Sq)
+    q_hi = (last - m.q_start).clamp(0, Sq)
+    if m.right != 0 and bool((last > m.q_start + Sq).any()):
+        return dense_fallback("keys after the queries", "a window that sees real keys after the last query row")
+    nq = (q_hi - q_lo).clamp(min=0)
+    nk = torch.where(nq > 0, m.q_start + q_hi - first, torch.zeros_like(nq))
+    left, right = m.left, m.right
+    if (not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, v))) \
+            and flash["dropout_p"] == 0.0 and bool((q_hi == Sq).all()) and bool((first + nk == Sk).all()):
+        # Left padding only, nothing to differentiate (generate): the cache reader
+        # takes each sequence's keys from its first real one, in place; rows before
+        # a sequence's first real token see no key and come out 0.
+        return flash_attn_with_kvcache(q, k, v, cache_seqlens=Sk, cache_leftpad=first.to(torch.int32),
+                                       softmax_scale=flash["softmax_scale"], causal=right == 0,
+                                       window_size=(left, right), softcap=flash["softcap"], sinks=flash["sinks"])
+    rows = torch.arange(Sq, device=q.device)
+    cols = torch.arange(Sk, device=k.device)
+    q_sel = (rows >= q_lo[:, None]) & (rows < q_hi[:, None])
+    k_sel = (cols >= first[:, None]) & (cols < (first + nk)[:, None])
+    cu_q = torch.nn.functional.pad(nq.cumsum(0, dtype=torch.int32), (1, 0))
+    cu_k = torch.nn.functional.pad(nk.cumsum(0, dtype=torch.int32), (1, 0))
+    out = flash_attn_varlen_func(q[q_sel], k[k_sel], v[k_sel], cu_q, cu_k, max(int(nq.max()), 1),
+                                 max(int(nk.max()), 1), causal=right == 0, window_size=(left, right), **flash)
+    return out.new_zeros(B, Sq, *out.shape[1:]).index_put((q_sel,), out)
+
+
+def _keep(m, batch, sq, sk, device):
+    """The dense (B, 1, Sq, Sk) keep mask of a PaddingMask (for the fallback)."""
+    i = torch.arange(sq, device=device)[:, None] + m.q_start
+    j = torch.arange(sk, device=device)[None, :]
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if m.left >= 0:
+        keep &= j >= i - m.left
+    if m.right >= 0:
+        keep &= j <= i + m.right
+    keep = keep.expand(batch, 1, sq, sk)
+    return keep & m.keys[:, None, None, :] if m.keys is not None else keep
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Any, dropout: float = 0.0, scaling: Optional[float] = None,
+                      sliding_window: Optional[int] = None, softcap: Optional[float] = None,
+                      is_causal: Optional[bool] = None, s_aux: Optional[torch.Tensor] = None,
+                      sinks: Optional[torch.Tensor] = None, position_bias: Optional[torch.Tensor] = None,
+                      **kwargs: Any) -> Tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: query (B, H, Sq, D), key and
+    value (B, Hk, Sk, D) -> ((B, Sq, H, Dv), None). No attention weights are
+    returned (attend never forms them)."""
+    if position_bias is not None:
+        _raise(UnsupportedError, "position_bias", "set", "attend adds no learned relative position bias "
+               "(T5-style models): use attn_implementation='eager' or 'sdpa' for this model")
+    if kwargs.get("output_attentions"):
+        _warn_once("output_attentions", "attend: output_attentions=True returns None for the attention weights "
+                   "(attend never forms them; use attn_implementation='eager' to get them)")
+    for t, n in ((query, "query"), (key, "key"), (value, "value")):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            _raise(ShapeMismatchError, f"{n}.dim", getattr(t, "dim", lambda: None)(),
+                   "expected (batch, heads, seq, head_dim) tensors")
+    if sinks is None:
+        sinks = s_aux  # gpt-oss names its sink logits s_aux
+    softcap = float(softcap) if softcap else 0.0
+    dropout = float(dropout)
+    flash = dict(dropout_p=dropout, softmax_scale=scaling, softcap=softcap, sinks=sinks)
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
+    B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+
+    m = attention_mask
+    if isinstance(m, torch.Tensor) and m.dim() == 4:
+        _warn_once("4d", "attend: a dense 4-D attention mask was passed in; attend runs it as an additive bias "
+                   "(a 2-D padding mask or the model's own mask creation avoids the dense mask)")
+        return _dense(query, key, value, m, dropout, scaling, softcap, sinks), None
+    if m is None or isinstance(m, torch.Tensor):
+        # No mask from the 'attend' mask function (a model calling attention
+        # directly, or a raw 2-D padding mask): the layer's own flags decide,
+        # queries at the end of the keys, as FlashAttention reads them.
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        w = int(sliding_window) - 1 if sliding_window else -1
+        if m is not None and (m.dim() != 2 or m.shape[0] != B or m.shape[1] < Sk):
+            _raise(ShapeMismatchError, "attention_mask.shape", tuple(m.shape),
+                   f"expected a 2-D (batch={B}, keys>={Sk}) padding mask or a 4-D mask")
+        keys = m[:, -Sk:].to(torch.bool) if m is not None else None
+        m = PaddingMask(None if keys is None or bool(keys.all()) else keys, Sk - Sq, w,
+                        0 if causal else w, B, Sq, Sk)
+    if not isinstance(m, PaddingMask):
+        _raise(InvalidArgumentError, "attention_mask", type(m).__name__,
+               "expected None, a 2-D or 4-D tensor, or the PaddingMask of the 'attend' mask function")
+    if Sk < m.kv_length:
+        _raise(ShapeMismatchError, "key.shape[2]", Sk, f"the mask covers {m.kv_length} keys")
+    if Sk > m.kv_length:  # a static cache longer than the mask: the rest are unused slots
+        k, v, key, value, Sk = k[:, :m.kv_length], v[:, :m.kv_length], key[:, :, :m.kv_length], \
+            value[:, :, :m.kv_length], m.kv_length
+
+    def dense_fallback(reason, what):
+        _warn_once(reason, f"attend: {what} has no varlen form; falling back to a dense mask that attend runs "
+                   "as an additive bias")
+        return _dense(query, key, value, _keep(m, B, Sq, Sk, query.device), dropout, scaling, softcap, sinks)
+
+    if m.keys is None and (m.q_start + Sq == Sk or (m.left < 0 and m.right < 0)):
+        out = flash_attn_func(q, k, v, causal=m.right == 0, window_size=(m.left, m.right), **flash)
+    else:
+        out = _padded(q, k, v, m, flash, dense_fallback)
+    return out, None
+
+
+def register() -> None:
+    """Registers "attend" with transformers' AttentionInterface and
+    AttentionMaskInterface (done on import; calling it again is harmless)."""
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, create_mask)
+
+
+register()
