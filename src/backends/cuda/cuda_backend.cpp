@@ -77,29 +77,6 @@ CudaParams make_params(const AttentionSpec& s, const Inputs& in, const TensorVie
   return p;
 }
 
-// cu_seqlens live on the device, which the runtime never reads: copy the
-// span of each (B + 1 entries, any stride) and apply the runtime's own rules
-// (validate_contents), so the kernels follow only checked offsets and a bad
-// entry gets the same attend::Error as on the host. One stream sync.
-void check_varlen(const AttentionSpec& s, const Inputs& in, cudaStream_t stream) {
-  Inputs host;
-  std::vector<std::int32_t> buffers[2];
-  const TensorView* device[2] = {&in.cu_seqlens_q, &in.cu_seqlens_kv};
-  TensorView* copies[2] = {&host.cu_seqlens_q, &host.cu_seqlens_kv};
-  for (int t = 0; t < 2; ++t) {
-    const TensorView& src = *device[t];
-    buffers[t].resize(static_cast<std::size_t>(s.batch * src.strides[0] + 1));
-    cuda::check(cudaMemcpyAsync(buffers[t].data(), src.data, buffers[t].size() * sizeof(std::int32_t),
-                                cudaMemcpyDeviceToHost, stream),
-                "cudaMemcpyAsync(cu_seqlens)");
-    *copies[t] = src;
-    copies[t]->data = buffers[t].data();
-    copies[t]->device = Device::cpu();
-  }
-  cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(cu_seqlens)");
-  validate_contents(s, host);
-}
-
 class CudaBackend final : public Backend {
  public:
   std::string_view name() const override { return "cuda"; }
@@ -172,7 +149,8 @@ class CudaBackend final : public Backend {
     const cuda::DeviceScope scope(a.target.device.index);
     const auto stream = static_cast<cudaStream_t>(a.stream.handle);
     const CudaParams p = make_params(a.spec, a.in, a.out, a.lse);
-    if (p.varlen) check_varlen(a.spec, a.in, stream);
+    cuda::HostIndex index;
+    if (p.varlen) cuda::read_index_tensors(a.spec, a.in, stream, index);
     if (a.target.variant == kMma) {
       cuda::launch_forward_mma(p, stream);
     } else {
@@ -198,7 +176,8 @@ class CudaBackend final : public Backend {
     auto* base = static_cast<std::byte*>(a.workspace.data);
     p.delta = reinterpret_cast<float*>(base);
     p.dq_acc = reinterpret_cast<float*>(base + w.delta);
-    if (p.varlen) check_varlen(a.spec, a.in, stream);
+    cuda::HostIndex index;
+    if (p.varlen) cuda::read_index_tensors(a.spec, a.in, stream, index);
     cuda::launch_backward(p, stream);
   }
 

@@ -77,6 +77,33 @@ DeviceScope::~DeviceScope() {
   if (previous_ >= 0) cudaSetDevice(previous_);
 }
 
+void read_index_tensors(const AttentionSpec& spec, const Inputs& in, cudaStream_t stream, HostIndex& out) {
+  const TensorView* device[5] = {&in.cu_seqlens_q, &in.cu_seqlens_kv, &in.block_table, &in.cache_seqlens,
+                                 &in.cache_leftpad};
+  TensorView* copies[5] = {&out.in.cu_seqlens_q, &out.in.cu_seqlens_kv, &out.in.block_table, &out.in.cache_seqlens,
+                           &out.in.cache_leftpad};
+  bool any = false;
+  for (int t = 0; t < 5; ++t) {
+    const TensorView& src = *device[t];
+    if (!src.defined() || !src.data) continue;
+    // Elements from the first to the last one the view addresses.
+    std::int64_t span = 1;
+    for (int d = 0; d < src.ndim; ++d) span += (src.shape[d] - 1) * src.strides[d];
+    std::vector<std::int32_t>& buffer = out.buffers[t];
+    buffer.resize(static_cast<std::size_t>(span));
+    check(cudaMemcpyAsync(buffer.data(), src.data, buffer.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                          stream),
+          "cudaMemcpyAsync(index tensor)");
+    *copies[t] = src;
+    copies[t]->data = buffer.data();
+    copies[t]->device = Device::cpu();
+    any = true;
+  }
+  if (!any) return;
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize(index tensors)");
+  validate_contents(spec, out.in);
+}
+
 namespace {
 
 class CudaAllocator final : public Allocator {

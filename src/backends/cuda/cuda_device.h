@@ -2,8 +2,14 @@
 // and the scope that makes a call's device current.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
+
+#include "attend/backend.h"
 
 namespace attend::cuda {
 
@@ -32,5 +38,17 @@ class DeviceScope {
  private:
   int previous_ = -1;
 };
+
+// Host copies of the index tensors a problem finds its rows by (varlen's
+// cu_seqlens; paged K/V's block table, cache lengths and left padding), which
+// live on the device where the runtime never reads. Each is copied over its
+// span (any strides), then the runtime's own rules (validate_contents) check
+// the copies, so kernels follow only checked indices and a bad entry gets the
+// same attend::Error as on the host. One stream synchronisation.
+struct HostIndex {
+  Inputs in;  // the index views of the call, pointing into `buffers`
+  std::vector<std::int32_t> buffers[5];
+};
+void read_index_tensors(const AttentionSpec& spec, const Inputs& in, cudaStream_t stream, HostIndex& out);
 
 }  // namespace attend::cuda
