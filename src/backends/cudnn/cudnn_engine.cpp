@@ -1,0 +1,537 @@
+// The engine layer (cudnn_engine.h): attend's problem as a cudnn-frontend SDPA
+// graph, asked, cached and run. Compiled with NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
+// (src/backends/cudnn/CMakeLists.txt): every cuDNN call goes through the handle
+// cudnn_library.cpp opened, so nothing here links cuDNN.
+#include "backends/cudnn/cudnn_engine.h"
+
+#include <cuda_runtime_api.h>
+#include <cudnn_frontend.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "attend/error.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_params.h"
+#include "backends/cudnn/cudnn_rules.h"
+#include "kernel/layout.h"
+
+namespace attend::cudnn {
+namespace {
+
+namespace fe = cudnn_frontend;
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+constexpr std::size_t kAlign = 256;
+// Enough for every (spec, pass, strides) a training job and its evaluation
+// use; a built plan holds host memory only, evicted least recently used.
+constexpr std::size_t kCacheCapacity = 256;
+
+std::size_t aligned(std::size_t bytes, std::size_t to = kAlign) { return (bytes + to - 1) / to * to; }
+
+// The q/k/v/out-shaped tensors (and the LSE), as cuDNN sees them: (b, h, s, d).
+enum Role4 { rQ, rK, rV, rO, rStats, rDO, rDQ, rDK, rDV, kRoles };
+const char* const kRoleNames[kRoles] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+
+// Variant-pack ids. Ragged offsets: kRagged + role.
+enum Uid : std::int64_t { kBias = 100, kSeqQ, kSeqKv, kPageK, kPageV, kSink, kDSink, kRagged = 200 };
+
+struct Dims4 {
+  std::int64_t dim[4] = {1, 1, 1, 1};
+  std::int64_t stride[4] = {1, 1, 1, 1};
+};
+
+// The tensors of a call (data may be null: the check's packed stand-ins).
+struct Views {
+  TensorView t[kRoles];
+  TensorView bias, block_table;
+};
+
+// Everything a graph depends on; key() is the cache key.
+struct GraphDesc {
+  Pass pass = Pass::forward;
+  int device = 0, sm = 0;
+  DType dtype = DType::bf16;
+  float scale = 1.0f;
+  std::int64_t batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_kv = 0, dqk = 0, dv = 0;
+  bool varlen = false, paged = false;
+  MaskBand band;
+  bool has_bias = false;
+  SoftmaxType sink = SoftmaxType::vanilla;
+  bool deterministic = false;
+  Dims4 t[kRoles];
+  Dims4 bias, table;
+
+  std::string key() const {
+    std::string k = std::to_string(static_cast<int>(pass)) + "|" + std::to_string(device) + "|" +
+                    std::to_string(sm) + "|" + std::string(to_string(dtype)) + "|" + std::to_string(scale);
+    for (std::int64_t v : {batch, heads_q, heads_kv, seqlen_q, seqlen_kv, dqk, dv}) k += "|" + std::to_string(v);
+    for (int v : {int(varlen), int(paged), int(band.any), int(band.bottom_right), band.left_bound, band.right_bound,
+                  int(has_bias), static_cast<int>(sink), int(deterministic)})
+      k += "|" + std::to_string(v);
+    const auto dims = [&](const Dims4& d) {
+      for (int i = 0; i < 4; ++i) k += "|" + std::to_string(d.dim[i]) + ":" + std::to_string(d.stride[i]);
+    };
+    for (const Dims4& d : t) dims(d);
+    dims(bias);
+    dims(table);
+    return k;
+  }
+};
+
+// A q/k/v/out-shaped view as (b, h, s, d). Packed varlen tensors get the b
+// stride of a padded batch (cuDNN follows the ragged offsets instead); a paged
+// pool is (pages, heads, page_size, d).
+Dims4 token_dims(const AttentionSpec& s, const TensorView& view, std::int64_t heads, std::int64_t dim,
+                 std::int64_t seqlen, bool pool) {
+  const detail::TokenStrides ts = detail::token_strides(view, s.layout);
+  Dims4 d;
+  if (pool) {
+    const detail::TokenStrides ps = detail::token_strides(view, Layout::bshd);
+    d = {{view.shape[0], heads, s.kv_page_size, dim}, {ps.b, ps.h, ps.s, 1}};
+  } else {
+    d = {{s.batch, heads, seqlen, dim}, {s.varlen() ? seqlen * ts.s : ts.b, ts.h, ts.s, 1}};
+  }
+  return d;
+}
+
+Dims4 lse_dims(const AttentionSpec& s, const TensorView& lse) {
+  const detail::TokenStrides ls = detail::lse_strides(lse, s.layout);
+  return {{s.batch, s.heads_q, s.seqlen_q, 1}, {s.varlen() ? s.heads_q * s.seqlen_q : ls.b, ls.h, ls.s, 1}};
+}
+
+GraphDesc describe(const AttentionSpec& s, Pass pass, int device, int sm, const Views& v) {
+  GraphDesc g;
+  g.pass = pass;
+  g.device = device;
+  g.sm = sm;
+  g.dtype = s.dtype;
+  g.scale = static_cast<float>(s.effective_scale());
+  g.batch = s.batch;
+  g.heads_q = s.heads_q;
+  g.heads_kv = s.heads_kv;
+  g.seqlen_q = s.seqlen_q;
+  g.seqlen_kv = s.seqlen_kv;
+  g.dqk = s.head_dim_qk;
+  g.dv = s.head_dim_v;
+  g.varlen = s.varlen();
+  g.paged = s.paged();
+  g.band = mask_band(s);
+  g.has_bias = s.has_bias;
+  g.sink = s.softmax_type;
+  g.deterministic = s.deterministic;
+  const std::int64_t heads[kRoles] = {s.heads_q, s.heads_kv, s.heads_kv, s.heads_q, s.heads_q,
+                                      s.heads_q, s.heads_q,  s.heads_kv, s.heads_kv};
+  const std::int64_t dims[kRoles] = {s.head_dim_qk, s.head_dim_qk, s.head_dim_v, s.head_dim_v, 1,
+                                     s.head_dim_v,  s.head_dim_qk, s.head_dim_qk, s.head_dim_v};
+  const int last = pass == Pass::forward ? rStats : rDV;
+  for (int r = 0; r <= last; ++r) {
+    if (r == rStats) {
+      g.t[r] = lse_dims(s, v.t[r]);
+      continue;
+    }
+    const bool kv = r == rK || r == rV || r == rDK || r == rDV;
+    g.t[r] = token_dims(s, v.t[r], heads[r], dims[r], kv ? s.seqlen_kv : s.seqlen_q, kv && s.paged());
+  }
+  if (s.has_bias) {
+    const TensorView& b = v.bias;
+    g.bias = {{b.shape[0], b.shape[1], b.shape[2], b.shape[3]},
+              {b.shape[0] == 1 ? 0 : b.strides[0], b.shape[1] == 1 ? 0 : b.strides[1], b.strides[2], b.strides[3]}};
+  }
+  if (s.paged()) {
+    const TensorView& bt = v.block_table;
+    g.table = {{s.batch, 1, bt.shape[1], 1}, {bt.strides[0], bt.strides[0], bt.strides[1], 1}};
+  }
+  return g;
+}
+
+// Packed tensors of the spec's layout: what a Plan allocates, and what the
+// check asks cuDNN about.
+Views packed_views(const AttentionSpec& s) {
+  const Role roles[kRoles] = {Role::q, Role::k, Role::v, Role::out, Role::lse, Role::dout, Role::dq, Role::dk, Role::dv};
+  const std::int64_t pages_per_seq = s.paged() ? (s.seqlen_kv + s.kv_page_size - 1) / s.kv_page_size : 0;
+  Views v;
+  for (int r = 0; r < kRoles; ++r) {
+    Shape shape = expected_shape(s, roles[r]);
+    if (shape.dims[0] < 0) shape.dims[0] = s.batch * pages_per_seq;  // a page pool
+    v.t[r] = TensorView::contiguous(nullptr, expected_dtype(s, roles[r]), shape.span());
+  }
+  if (s.has_bias) v.bias = TensorView::contiguous(nullptr, s.dtype, expected_shape(s, Role::bias).span());
+  if (s.paged()) v.block_table = TensorView::contiguous(nullptr, DType::i32, {s.batch, pages_per_seq});
+  return v;
+}
+
+// Device scratch after cuDNN's workspace: sequence lengths (B each), a ragged
+// offset array (B + 1) per packed tensor, and H zero floats (the fixed sink
+// logit of off_by_one). 16-byte aligned pieces.
+struct Extras {
+  std::size_t seq_q = 0, seq_kv = 0, ragged[kRoles] = {}, sink = 0, bytes = 0;
+};
+Extras extras_for(const GraphDesc& g) {
+  Extras e;
+  std::size_t at = 0;
+  const auto take = [&](std::int64_t count) {
+    const std::size_t here = at;
+    at = aligned(at + static_cast<std::size_t>(count) * sizeof(std::int32_t), 16);
+    return here;
+  };
+  if (g.varlen || g.paged) {
+    e.seq_q = take(g.batch);
+    e.seq_kv = take(g.batch);
+  }
+  if (g.varlen)
+    for (int r = 0; r < kRoles; ++r) e.ragged[r] = take(g.batch + 1);
+  if (g.sink != SoftmaxType::vanilla) e.sink = take(g.heads_q);
+  e.bytes = aligned(at);
+  return e;
+}
+
+fe::DataType_t io_type(DType d) { return d == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF; }
+
+TensorPtr make_tensor(fe::graph::Graph& graph, const std::string& name, std::int64_t uid, const Dims4& d,
+                      fe::DataType_t type) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({d.dim[0], d.dim[1], d.dim[2], d.dim[3]})
+                          .set_stride({d.stride[0], d.stride[1], d.stride[2], d.stride[3]})
+                          .set_data_type(type));
+}
+
+// Sets an output's uid, shape, strides (and ragged offsets) to the call's.
+void describe_output(fe::graph::Graph& graph, const GraphDesc& g, const TensorPtr& t, int role, fe::DataType_t type) {
+  const Dims4& d = g.t[role];
+  t->set_output(true)
+      .set_name(kRoleNames[role])
+      .set_uid(role + 1)
+      .set_dim({d.dim[0], d.dim[1], d.dim[2], d.dim[3]})
+      .set_stride({d.stride[0], d.stride[1], d.stride[2], d.stride[3]})
+      .set_data_type(type);
+  if (g.varlen)
+    t->set_ragged_offset(make_tensor(graph, std::string("ragged_") + kRoleNames[role], kRagged + role,
+                                     Dims4{{g.batch + 1, 1, 1, 1}, {1, 1, 1, 1}}, fe::DataType_t::INT32));
+}
+
+TensorPtr input(fe::graph::Graph& graph, const GraphDesc& g, int role, fe::DataType_t type) {
+  TensorPtr t = make_tensor(graph, kRoleNames[role], role + 1, g.t[role], type);
+  const bool pool = g.paged && (role == rK || role == rV);
+  if (g.varlen && !pool)
+    t->set_ragged_offset(make_tensor(graph, std::string("ragged_") + kRoleNames[role], kRagged + role,
+                                     Dims4{{g.batch + 1, 1, 1, 1}, {1, 1, 1, 1}}, fe::DataType_t::INT32));
+  return t;
+}
+
+// The options both passes share: scale, bias, mask band, sequence lengths, sinks.
+template <class Options>
+void common_options(fe::graph::Graph& graph, const GraphDesc& g, Options& o) {
+  o.set_attn_scale(g.scale);
+  if (g.has_bias) o.set_bias(make_tensor(graph, "bias", kBias, g.bias, io_type(g.dtype)));
+  if (g.band.any) {
+    o.set_diagonal_alignment(g.band.bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                                 : fe::DiagonalAlignment_t::TOP_LEFT);
+    if (g.band.left_bound >= 0) o.set_diagonal_band_left_bound(g.band.left_bound);
+    if (g.band.right_bound >= 0) o.set_diagonal_band_right_bound(g.band.right_bound);
+  }
+  if (g.varlen || g.paged) {
+    const Dims4 lengths{{g.batch, 1, 1, 1}, {1, 1, 1, 1}};
+    o.set_padding_mask(true)
+        .set_seq_len_q(make_tensor(graph, "seq_len_q", kSeqQ, lengths, fe::DataType_t::INT32))
+        .set_seq_len_kv(make_tensor(graph, "seq_len_kv", kSeqKv, lengths, fe::DataType_t::INT32));
+  }
+  if (g.sink != SoftmaxType::vanilla)
+    o.set_sink_token(make_tensor(graph, "sink", kSink, Dims4{{1, g.heads_q, 1, 1}, {g.heads_q, 1, 1, 1}},
+                                 fe::DataType_t::FLOAT));
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const GraphDesc& g) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(io_type(g.dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT)
+      .set_sm_version(g.sm);
+  const fe::DataType_t io = io_type(g.dtype);
+  TensorPtr q = input(*graph, g, rQ, io), k = input(*graph, g, rK, io), v = input(*graph, g, rV, io);
+  fe::graph::SDPA_attributes o;
+  o.set_name("attend_sdpa").set_generate_stats(true);
+  common_options(*graph, g, o);
+  if (g.paged) {
+    o.set_paged_attention_k_table(make_tensor(*graph, "block_table_k", kPageK, g.table, fe::DataType_t::INT32))
+        .set_paged_attention_v_table(make_tensor(*graph, "block_table_v", kPageV, g.table, fe::DataType_t::INT32))
+        .set_paged_attention_max_seq_len_kv(static_cast<int>(g.seqlen_kv));
+  }
+  auto [out, stats] = graph->sdpa(q, k, v, o);
+  describe_output(*graph, g, out, rO, io);
+  describe_output(*graph, g, stats, rStats, fe::DataType_t::FLOAT);
+  return graph;
+}
+
+std::shared_ptr<fe::graph::Graph> backward_graph(const GraphDesc& g) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(io_type(g.dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT)
+      .set_sm_version(g.sm);
+  const fe::DataType_t io = io_type(g.dtype);
+  TensorPtr q = input(*graph, g, rQ, io), k = input(*graph, g, rK, io), v = input(*graph, g, rV, io);
+  TensorPtr out = input(*graph, g, rO, io), dout = input(*graph, g, rDO, io);
+  TensorPtr stats = input(*graph, g, rStats, fe::DataType_t::FLOAT);
+  fe::graph::SDPA_backward_attributes o;
+  o.set_name("attend_sdpa_backward");
+  common_options(*graph, g, o);
+  if (g.deterministic) o.set_deterministic_algorithm(true);
+  if (g.sink == SoftmaxType::learnable)
+    o.set_dsink_token(make_tensor(*graph, "dsink", kDSink, Dims4{{1, g.heads_q, 1, 1}, {g.heads_q, 1, 1, 1}},
+                                  fe::DataType_t::FLOAT));
+  auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, out, dout, stats, o);
+  describe_output(*graph, g, dq, rDQ, io);
+  describe_output(*graph, g, dk, rDK, io);
+  describe_output(*graph, g, dv, rDV, io);
+  return graph;
+}
+
+// One handle per (thread, device): cudnnSetStream on a shared handle would
+// race. Never destroyed (the library is never closed either).
+cudnnHandle_t handle_for(int device) {
+  thread_local std::unordered_map<int, cudnnHandle_t> handles;
+  auto it = handles.find(device);
+  if (it != handles.end()) return it->second;
+  cudnnHandle_t handle = nullptr;
+  const cudnnStatus_t status = fe::detail::create_handle(&handle);
+  if (status != CUDNN_STATUS_SUCCESS)
+    throw Error(ErrorCode::bad_state, "cudnn", "cudnnCreate",
+                std::string("cudnnCreate failed: ") + fe::detail::get_error_string(status));
+  handles.emplace(device, handle);
+  return handle;
+}
+
+struct Built {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::string error;            // non-empty: refused (the graph is then null)
+  std::int64_t workspace = 0;   // cuDNN's, bytes
+  std::mutex run;               // one enqueue at a time: executing a graph is not documented as reentrant
+};
+
+std::shared_ptr<Built> build(const GraphDesc& g) {
+  auto b = std::make_shared<Built>();
+  const char* step = "building the graph";
+  try {
+    const cuda::DeviceScope scope(g.device);
+    cudnnHandle_t handle = handle_for(g.device);
+    auto graph = g.pass == Pass::forward ? forward_graph(g) : backward_graph(g);
+    const auto fail = [&](const char* what, fe::error_t e) {
+      if (e.is_good()) return false;
+      step = what;
+      b->error = e.get_message();
+      return true;
+    };
+    if (fail("validate", graph->validate()) || fail("build_operation_graph", graph->build_operation_graph(handle)) ||
+        fail("create_execution_plans", graph->create_execution_plans({fe::HeurMode_t::A})) ||
+        fail("check_support", graph->check_support(handle)) ||
+        fail("build_plans", graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE)) ||
+        fail("get_workspace_size", graph->get_workspace_size(b->workspace))) {
+      b->error = "cuDNN refused the " + std::string(to_string(g.pass)) + " graph at " + step + ": " + b->error;
+      return b;
+    }
+    b->graph = std::move(graph);
+  } catch (const std::exception& e) {
+    // The frontend throws for a missing symbol or a CUDA runtime it cannot open.
+    b->error = "cuDNN refused the " + std::string(to_string(g.pass)) + " graph while " + step + ": " + e.what();
+  }
+  return b;
+}
+
+// Least-recently-used, bounded, thread-safe. A graph is built outside the
+// lock (seconds for a new shape); two threads building one key keep the first.
+class GraphCache {
+ public:
+  std::shared_ptr<Built> get(const GraphDesc& g) {
+    const std::string key = g.key();
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (auto hit = find(key)) return hit;
+    }
+    std::shared_ptr<Built> built = build(g);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (auto hit = find(key)) return hit;
+    order_.emplace_front(key, built);
+    index_[key] = order_.begin();
+    if (order_.size() > kCacheCapacity) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    return built;
+  }
+  std::size_t size() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return order_.size();
+  }
+
+ private:
+  using Entry = std::pair<std::string, std::shared_ptr<Built>>;
+  std::shared_ptr<Built> find(const std::string& key) {
+    auto it = index_.find(key);
+    if (it == index_.end()) return nullptr;
+    order_.splice(order_.begin(), order_, it->second);
+    return it->second->second;
+  }
+  std::mutex mutex_;
+  std::list<Entry> order_;
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+};
+
+GraphCache& cache() {
+  static GraphCache* c = new GraphCache;  // leaked: plans may be used from other statics' destructors
+  return *c;
+}
+
+// Fills the extras on the host (lengths, ragged offsets, zero sinks) and
+// copies them behind cuDNN's workspace, in stream order.
+void upload_extras(const AttentionSpec& s, const GraphDesc& g, const Extras& e, const cuda::HostIndex& index,
+                   std::byte* device, cudaStream_t stream) {
+  if (e.bytes == 0) return;
+  std::vector<std::int32_t> host(e.bytes / sizeof(std::int32_t), 0);
+  const auto at = [&](std::size_t offset) { return host.data() + offset / sizeof(std::int32_t); };
+  if (g.varlen) {
+    const TensorView& cq = index.in.cu_seqlens_q;
+    const TensorView& ck = index.in.cu_seqlens_kv;
+    const auto cu = [](const TensorView& c, std::int64_t b) { return c.as<std::int32_t>()[b * c.strides[0]]; };
+    for (std::int64_t b = 0; b < g.batch; ++b) {
+      at(e.seq_q)[b] = cu(cq, b + 1) - cu(cq, b);
+      at(e.seq_kv)[b] = cu(ck, b + 1) - cu(ck, b);
+    }
+    const int last = g.pass == Pass::forward ? rStats : rDV;
+    for (int r = 0; r <= last; ++r) {
+      const bool kv = r == rK || r == rV || r == rDK || r == rDV;
+      // Ragged offsets count elements: the sequence's first token times the token stride.
+      for (std::int64_t b = 0; b <= g.batch; ++b)
+        at(e.ragged[r])[b] = static_cast<std::int32_t>(cu(kv ? ck : cq, b) * g.t[r].stride[2]);
+    }
+  } else if (g.paged) {
+    const TensorView& lens = index.in.cache_seqlens;
+    for (std::int64_t b = 0; b < g.batch; ++b) {
+      at(e.seq_q)[b] = static_cast<std::int32_t>(s.seqlen_q);
+      at(e.seq_kv)[b] = lens.as<std::int32_t>()[b * lens.strides[0]];
+    }
+  }
+  // Pageable source: the copy has left `host` when cudaMemcpyAsync returns.
+  cuda::check(cudaMemcpyAsync(device, host.data(), e.bytes, cudaMemcpyHostToDevice, stream),
+              "cudaMemcpyAsync(cudnn lengths)");
+}
+
+Views call_views(const ForwardArgs& a) {
+  Views v;
+  v.t[rQ] = a.in.q;
+  v.t[rK] = a.in.k;
+  v.t[rV] = a.in.v;
+  v.t[rO] = a.out;
+  v.t[rStats] = a.lse;
+  v.bias = a.in.bias;
+  v.block_table = a.in.block_table;
+  return v;
+}
+
+// Runs `g` (the call's graph) with the pointers in `pack`, cuDNN's workspace
+// and the extras in the caller's workspace, or in stream-ordered memory when
+// the call's strides needed a larger one than the check sized.
+void execute(const AttentionSpec& s, const GraphDesc& g, const Inputs& in, const Workspace& ws,
+             std::unordered_map<std::int64_t, void*>& pack, cudaStream_t stream) {
+  const std::shared_ptr<Built> built = cache().get(g);
+  if (!built->graph)
+    throw Error(ErrorCode::unsupported, "strides", "cudnn",
+                "the tensors' strides differ from the packed layout the check asked about, and " + built->error);
+  const Extras e = extras_for(g);
+  const std::size_t cudnn_bytes = aligned(static_cast<std::size_t>(built->workspace));
+  const std::size_t need = cudnn_bytes + e.bytes;
+  void* base = ws.data;
+  const bool own = need > ws.bytes;
+  if (own) cuda::check(cudaMallocAsync(&base, need, stream), "cudaMallocAsync(cudnn workspace)");
+  try {
+    cuda::HostIndex index;
+    if (g.varlen || g.paged) cuda::read_index_tensors(s, in, stream, index);
+    auto* extras = static_cast<std::byte*>(base) + cudnn_bytes;
+    upload_extras(s, g, e, index, extras, stream);
+    if (g.varlen || g.paged) {
+      pack[kSeqQ] = extras + e.seq_q;
+      pack[kSeqKv] = extras + e.seq_kv;
+    }
+    if (g.varlen) {
+      const int last = g.pass == Pass::forward ? rStats : rDV;
+      for (int r = 0; r <= last; ++r) pack[kRagged + r] = extras + e.ragged[r];
+    }
+    if (g.sink == SoftmaxType::learnable) pack[kSink] = in.sinks.data;
+    if (g.sink == SoftmaxType::off_by_one) pack[kSink] = extras + e.sink;  // zeros: the sink logit 0
+    if (g.has_bias) pack[kBias] = in.bias.data;
+    if (g.paged) pack[kPageK] = pack[kPageV] = in.block_table.data;
+    cudnnHandle_t handle = handle_for(g.device);
+    const cudnnStatus_t status = fe::detail::set_stream(handle, stream);
+    if (status != CUDNN_STATUS_SUCCESS)
+      throw Error(ErrorCode::bad_state, "cudnn", "cudnnSetStream", fe::detail::get_error_string(status));
+    const std::lock_guard<std::mutex> lock(built->run);
+    fe::error_t r = built->graph->execute(handle, pack, base);
+    if (r.is_bad())
+      throw Error(ErrorCode::bad_state, "cudnn", std::string(to_string(g.pass)),
+                  "cuDNN failed to run the graph: " + r.get_message());
+  } catch (...) {
+    if (own) (void)cudaFreeAsync(base, stream);
+    throw;
+  }
+  if (own) cuda::check(cudaFreeAsync(base, stream), "cudaFreeAsync(cudnn workspace)");
+}
+
+}  // namespace
+
+std::string engine_check(const AttentionSpec& spec, Pass pass, int device, int sm) {
+  return cache().get(describe(spec, pass, device, sm, packed_views(spec)))->error;
+}
+
+std::size_t engine_workspace(const AttentionSpec& spec, Pass pass, int device, int sm) {
+  const GraphDesc g = describe(spec, pass, device, sm, packed_views(spec));
+  const std::shared_ptr<Built> built = cache().get(g);
+  if (!built->graph) return 0;
+  return aligned(static_cast<std::size_t>(built->workspace)) + extras_for(g).bytes;
+}
+
+void engine_forward(const ForwardArgs& a, int sm) {
+  const int device = a.target.device.index;
+  const cuda::DeviceScope scope(device);
+  const GraphDesc g = describe(a.spec, Pass::forward, device, sm, call_views(a));
+  std::unordered_map<std::int64_t, void*> pack = {{rQ + 1, a.in.q.data}, {rK + 1, a.in.k.data},
+                                                  {rV + 1, a.in.v.data}, {rO + 1, a.out.data},
+                                                  {rStats + 1, a.lse.data}};
+  execute(a.spec, g, a.in, a.workspace, pack, static_cast<cudaStream_t>(a.stream.handle));
+}
+
+void engine_backward(const BackwardArgs& a, int sm) {
+  const int device = a.target.device.index;
+  const cuda::DeviceScope scope(device);
+  Views v;
+  v.t[rQ] = a.in.q;
+  v.t[rK] = a.in.k;
+  v.t[rV] = a.in.v;
+  v.t[rO] = a.out;
+  v.t[rStats] = a.lse;
+  v.t[rDO] = a.dout;
+  v.t[rDQ] = a.dq;
+  v.t[rDK] = a.dk;
+  v.t[rDV] = a.dv;
+  v.bias = a.in.bias;
+  const GraphDesc g = describe(a.spec, Pass::backward, device, sm, v);
+  std::unordered_map<std::int64_t, void*> pack = {
+      {rQ + 1, a.in.q.data}, {rK + 1, a.in.k.data}, {rV + 1, a.in.v.data}, {rO + 1, a.out.data},
+      {rStats + 1, a.lse.data}, {rDO + 1, a.dout.data}, {rDQ + 1, a.dq.data}, {rDK + 1, a.dk.data},
+      {rDV + 1, a.dv.data}};
+  if (a.spec.softmax_type == SoftmaxType::learnable) pack[kDSink] = a.dsinks.data;
+  execute(a.spec, g, a.in, a.workspace, pack, static_cast<cudaStream_t>(a.stream.handle));
+}
+
+std::size_t engine_cache_size() { return cache().size(); }
+
+}  // namespace attend::cudnn
