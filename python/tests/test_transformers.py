@@ -17,6 +17,8 @@ says how many tests each family passed and skipped.
 
 import contextlib
 import copy
+import importlib.util
+import inspect
 import logging
 import os
 
@@ -24,7 +26,14 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download
-transformers = pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
+if importlib.util.find_spec("transformers") is None:
+    pytest.skip("Hugging Face transformers is not installed (pip install 'attend[transformers]')",
+                allow_module_level=True)
+import transformers  # noqa: E402  (installed but broken must fail, not skip)
+
+if int(transformers.__version__.split(".")[0]) < 5:
+    pytest.skip(f"transformers {transformers.__version__} predates the supported range (>= 5.0)",
+                allow_module_level=True)
 
 import attend  # noqa: E402
 import attend.torch  # noqa: E402
@@ -292,28 +301,43 @@ def test_dropout_in_training_mode():
 
 
 def test_custom_mask_function_falls_back_with_a_warning(caplog):
-    """A mask function attend cannot read (here an or_mask_function overlay, as
-    vision-language models add) falls back to a dense mask, says so, and still
-    matches eager."""
+    """A mask function attend cannot read (here an or-overlay, as vision-language
+    models add for image tokens) gives transformers' own dense mask, with a
+    warning saying so."""
     import transformers.masking_utils as mu
+    hf._warned.clear()
+
+    def prefix(batch_idx, head_idx, q_idx, kv_idx):
+        return kv_idx < 3  # every token also sees the first three (a prefix-LM overlay)
+
+    overlay = mu.or_masks(mu.causal_mask_function, prefix)
+    padding = torch.ones(2, 10, dtype=torch.bool)
+    padding[1, 7:] = False
+    # transformers 5.0 passes the query positions as cache_position, later ones q_length and q_offset.
+    where = (dict(q_length=10, q_offset=0) if "q_length" in inspect.signature(mu.sdpa_mask).parameters
+             else dict(cache_position=torch.arange(10)))
+    with caplog.at_level(logging.WARNING, logger=hf.__name__):
+        got = hf.create_mask(batch_size=2, kv_length=10, mask_function=overlay, attention_mask=padding, **where)
+    want = mu.sdpa_mask(batch_size=2, kv_length=10, mask_function=overlay, attention_mask=padding,
+                        allow_is_causal_skip=False, **where)
+    assert isinstance(got, torch.Tensor) and torch.equal(got, want)
+    assert any("falling back to a dense" in r.getMessage() for r in caplog.records)
+
+
+def test_dense_4d_mask_from_the_caller(caplog):
+    """A 4-D mask handed to the model runs on attend as an additive bias, with a
+    warning, and matches eager attention under the same mask."""
     on_attend, eager, _ = _models(_llama())
     ids, mask = _batch("right")
     hf._warned.clear()
-
-    def prefix_bidirectional(batch_idx, head_idx, q_idx, kv_idx):
-        return kv_idx < 3  # every token also sees the first three (a prefix-LM overlay)
-
-    def masks(model):
-        emb = model.model.embed_tokens(ids)
-        return mu.create_causal_mask(config=model.config, inputs_embeds=emb, attention_mask=mask, cache=None,
-                                     or_mask_function=prefix_bidirectional)
-
+    S = ids.shape[1]
+    keep = torch.ones(S, S, dtype=torch.bool).tril() | (torch.arange(S) < 3)  # causal plus a 3-token prefix
+    keep = keep & mask.bool()[:, None, None, :]
+    bias = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min)
     with caplog.at_level(logging.WARNING, logger=hf.__name__), torch.no_grad():
-        dense = masks(on_attend)
-        got = on_attend(ids, attention_mask=dense).logits
-        ref = eager(ids, attention_mask=masks(eager)).logits
-    assert isinstance(dense, torch.Tensor) and dense.shape == (3, 1, ids.shape[1], ids.shape[1])
-    assert any("falling back to a dense" in r.getMessage() for r in caplog.records)
+        got = on_attend(ids, attention_mask=bias).logits
+        ref = eager(ids, attention_mask=bias).logits
+    assert any("dense 4-D attention mask" in r.getMessage() for r in caplog.records)
     real = mask.bool()
     assert (got[real] - ref[real]).abs().max() < 1e-4
 

@@ -152,14 +152,25 @@ def _pattern(fn) -> Optional[Tuple[int, int]]:
     return left, right
 
 
-def create_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 0, kv_offset: Any = 0,
-                  mask_function: Any = masking_utils.causal_mask_function,
-                  attention_mask: Optional[torch.Tensor] = None, **kwargs: Any):
-    """transformers' mask-interface signature (masking_utils.sdpa_mask's): a
-    PaddingMask when attend can run the mask as it is, else a dense boolean
-    (B, 1, q_length, kv_length) mask (with a warning saying why)."""
+def create_mask(batch_size: int, q_length: Optional[int] = None, kv_length: Optional[int] = None, q_offset: Any = 0,
+                kv_offset: Any = 0, mask_function: Any = masking_utils.causal_mask_function,
+                attention_mask: Any = None, cache_position: Optional[torch.Tensor] = None, **kwargs: Any):
+    """transformers' mask-interface signature (masking_utils.sdpa_mask's, either
+    form: q_length and q_offset, or, before transformers 5.x moved to them, the
+    query positions as cache_position): a PaddingMask when attend can run the
+    mask as it is, else a dense boolean (B, 1, q_length, kv_length) mask (with a
+    warning saying why)."""
     if isinstance(attention_mask, PaddingMask):
         return attention_mask  # built ahead of the forward (generate with a static cache)
+    if kv_length is None:
+        _raise(InvalidArgumentError, "kv_length", None, "transformers passes the key length to mask functions")
+    if cache_position is not None:
+        q_length, q_offset = int(cache_position.shape[0]), int(cache_position[0]) if cache_position.numel() else 0
+        if q_length and int(cache_position[-1]) != q_offset + q_length - 1:
+            _raise(UnsupportedError, "cache_position", cache_position.tolist(),
+                   "query positions must be consecutive")
+    if q_length is None:
+        _raise(InvalidArgumentError, "q_length", None, "transformers passes q_length or cache_position")
     pattern = _pattern(mask_function)
     q_offset, kv_offset = int(q_offset), int(kv_offset)
     if pattern is None:
@@ -167,10 +178,12 @@ def create_mask(batch_size: int, q_length: int, kv_length: int, q_offset: Any = 
                    f"attend: the model's mask function {getattr(mask_function, '__qualname__', mask_function)!r} "
                    "is not a causal/sliding-window pattern attend reads; falling back to a dense "
                    f"(B, 1, {q_length}, {kv_length}) mask, which attend runs as an additive bias")
+        where = (dict(cache_position=cache_position) if cache_position is not None
+                 else dict(q_length=q_length, q_offset=q_offset))
         kwargs.update(allow_is_causal_skip=False, allow_is_bidirectional_skip=False)
-        return masking_utils.sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
-                                       q_offset=q_offset, kv_offset=kv_offset, mask_function=mask_function,
-                                       attention_mask=attention_mask, **kwargs)
+        return masking_utils.sdpa_mask(batch_size=batch_size, kv_length=kv_length, kv_offset=kv_offset,
+                                       mask_function=mask_function, attention_mask=attention_mask, **where,
+                                       **kwargs)
     keys = None
     if attention_mask is not None:
         # Key index j is sequence position kv_offset + j; positions past the 2-D
