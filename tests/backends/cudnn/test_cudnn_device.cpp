@@ -1,0 +1,227 @@
+// The cudnn backend as the selector and a GPU see it. Selection tests run
+// everywhere (without a GPU the check declines with [device] and still gives
+// cuDNN's rule reasons for the assumed target); the engine tests need a GPU
+// and a loadable cuDNN and skip otherwise:
+//   - CudnnDevice.RulesNeverAcceptWhatCudnnRefuses: the rule-vs-engine sweep
+//     (dtypes x head dims x masks/bias/varlen/paged x GQA), printed as a table;
+//     fails on any case the rules accept and cuDNN refuses.
+//   - CudnnDevice.Conformance*: the conformance cases on cudnn against the f64
+//     reference under the half-precision (FlashAttention bf16) baseline.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attend/attend.h"
+#include "attend/backends/cuda.h"
+#include "attend/backends/cudnn.h"
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/device_problem.h"
+#include "backends/cudnn/cudnn_engine.h"
+#include "backends/cudnn/cudnn_library.h"
+#include "backends/cudnn/cudnn_rules.h"
+#include "support/half_baseline.h"
+
+namespace attend {
+namespace {
+
+AttentionSpec bf16_spec(std::int64_t dqk = 128, std::int64_t dv = 128) {
+  AttentionSpec s;
+  s.batch = 2;
+  s.seqlen_q = s.seqlen_kv = 256;
+  s.heads_q = s.heads_kv = 8;
+  s.head_dim_qk = dqk;
+  s.head_dim_v = dv;
+  s.dtype = DType::bf16;
+  return s;
+}
+
+// --- selection (no GPU needed) ------------------------------------------------
+
+TEST(CudnnSelection, IsRegisteredAboveCudaAndServesDeviceMemoryOnly) {
+  int cudnn = -1, cuda = -1;
+  for (const RegisteredBackend& r : Registry::global().backends()) {
+    if (r.backend->name() == "cudnn") cudnn = r.priority;
+    if (r.backend->name() == "cuda") cuda = r.priority;
+  }
+  ASSERT_GE(cudnn, 0) << "cudnn is not registered";
+  EXPECT_GT(cudnn, cuda);
+  const auto b = make_cudnn_backend();
+  EXPECT_TRUE(b->serves(DeviceKind::cuda));
+  EXPECT_FALSE(b->serves(DeviceKind::cpu));
+  const Support host = b->check(bf16_spec(), Pass::forward, Target{Device::cpu()});
+  EXPECT_TRUE(host.failed(ReasonCode::device)) << host.to_string();
+}
+
+TEST(CudnnSelection, WithoutAGpuTheVerdictCarriesTheRulesForTheAssumedTarget) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  const auto b = make_cudnn_backend();
+  AttentionSpec f32 = bf16_spec();
+  f32.dtype = DType::f32;
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    const Support sup = b->check(f32, pass, Target{Device::cuda(0)});
+    EXPECT_TRUE(sup.failed(ReasonCode::device)) << sup.to_string();
+    EXPECT_NE(sup.to_string().find("cuDNN's rules for sm_"), std::string::npos) << sup.to_string();
+    EXPECT_TRUE(sup.failed(ReasonCode::dtype)) << sup.to_string();
+  }
+  // The seed case 192/128 on the assumed Hopper: training is declined only for the device.
+  const Support bwd = b->check(bf16_spec(192, 128), Pass::backward, Target{Device::cuda(0)});
+  EXPECT_FALSE(bwd.failed(ReasonCode::head_dim_qk)) << bwd.to_string();
+  const Support big = b->check(bf16_spec(64, 512), Pass::forward, Target{Device::cuda(0)});
+  EXPECT_TRUE(big.failed(ReasonCode::head_dim_v)) << big.to_string();
+}
+
+TEST(CudnnSelection, ExplainListsCudnnWithBothPasses) {
+  const Selection sel = evaluate(bf16_spec(), Mode::training, current_policy(), Device::cuda(0));
+  const Verdict* v = nullptr;
+  for (const Verdict& x : sel.verdicts)
+    if (x.backend == "cudnn") v = &x;
+  ASSERT_NE(v, nullptr) << sel.explain();
+  ASSERT_TRUE(v->backward.has_value());
+  EXPECT_NE(sel.explain().find("cudnn"), std::string::npos);
+  if (cuda_device_count() == 0) {
+    EXPECT_FALSE(v->viable);
+  }
+}
+
+// ATTEND_CUDNN_LIBRARY names a library that does not exist (the CTest run
+// test_cudnn_missing_library sets it): every check names what was tried.
+TEST(CudnnLibrary, AMissingLibraryIsALibraryReasonNamingIt) {
+  const char* name = std::getenv("ATTEND_CUDNN_LIBRARY");
+  if (!name || std::string(name).find("missing") == std::string::npos)
+    GTEST_SKIP() << "run with ATTEND_CUDNN_LIBRARY=<a missing library>";
+  EXPECT_FALSE(cudnn::library().ok());
+  const Support sup = make_cudnn_backend()->check(bf16_spec(), Pass::forward, Target{Device::cuda(0)});
+  EXPECT_TRUE(sup.failed(ReasonCode::library)) << sup.to_string();
+  EXPECT_NE(sup.to_string().find(std::string("dlopen(") + name + ")"), std::string::npos) << sup.to_string();
+}
+
+// --- on a GPU ----------------------------------------------------------------
+
+bool engine_available(std::string* why) {
+  if (cuda_device_count() == 0) {
+    *why = "no CUDA device";
+    return false;
+  }
+  if (!cudnn::library().ok()) {
+    *why = cudnn::library().error;
+    return false;
+  }
+  return true;
+}
+
+struct SweepCase {
+  std::string name;
+  AttentionSpec spec;
+};
+
+std::vector<SweepCase> sweep_cases() {
+  std::vector<SweepCase> cases;
+  const std::pair<std::int64_t, std::int64_t> dims[] = {{64, 64},  {128, 128}, {192, 128},
+                                                        {256, 256}, {64, 512},  {576, 512}};
+  const char* features[] = {"plain", "causal", "window", "bias", "varlen", "paged", "causal_sq<sk"};
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
+    for (const auto& [dqk, dv] : dims) {
+      for (const char* f : features) {
+        for (std::int64_t kv : {8, 2}) {
+          AttentionSpec s = bf16_spec(dqk, dv);
+          s.dtype = dt;
+          s.heads_kv = kv;
+          const std::string feature = f;
+          if (feature == "causal") s.causal = true;
+          if (feature == "window") s.window_left = 64;
+          if (feature == "bias") s.has_bias = true;
+          if (feature == "causal_sq<sk") {
+            s.causal = true;
+            s.seqlen_q = 128;
+          }
+          if (feature == "varlen") {
+            s.layout = Layout::thd;
+            s.causal = true;
+            s.total_q = s.total_kv = s.batch * s.seqlen_q;
+          }
+          if (feature == "paged") {
+            s.seqlen_q = 1;
+            s.kv_page_size = 64;
+          }
+          const std::string name = std::string(to_string(dt)) + " d=" + std::to_string(dqk) + "/" +
+                                   std::to_string(dv) + " " + feature + (kv == 8 ? "" : " gqa");
+          cases.push_back({name, s});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+TEST(CudnnDevice, RulesNeverAcceptWhatCudnnRefuses) {
+  std::string why;
+  if (!engine_available(&why)) GTEST_SKIP() << why;
+  const cuda::DeviceInfo& info = cuda::device_info(0);
+  const cudnn::RuleTarget target{info.major * 10 + info.minor, cudnn::library().version};
+  std::printf("rule-vs-engine sweep on %s (sm_%d), cuDNN %s\n", info.name.c_str(), target.sm,
+              cudnn::version_string(target.version).c_str());
+  std::printf("%-36s %-9s %-6s %-7s %s\n", "case", "pass", "rules", "engine", "first reason");
+  int loose = 0, strict = 0, agree = 0;
+  for (const SweepCase& c : sweep_cases()) {
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      if (pass == Pass::backward && c.spec.paged()) continue;  // attend's validation: no paged backward
+      Support rules;
+      cudnn::check_rules(c.spec, pass, target, rules);
+      // The engine is asked whatever the rules say: a rule-no that cuDNN accepts is a rule too strict.
+      const std::string engine = c.spec.dtype == DType::f32 ? "f32 graphs are not built"
+                                                            : cudnn::engine_check(c.spec, pass, 0, target.sm);
+      const bool r = rules.ok(), e = engine.empty();
+      const char* verdict = r == e ? "agree" : r ? "RULE-YES/ENGINE-NO" : "rule too strict";
+      if (r && !e) ++loose;
+      if (!r && e) ++strict;
+      if (r == e) ++agree;
+      const std::string reason = !r ? rules.reasons.front().message : engine;
+      std::printf("%-36s %-9s %-6s %-7s %s  %s\n", c.name.c_str(), std::string(to_string(pass)).c_str(),
+                  r ? "yes" : "no", e ? "yes" : "no", verdict, reason.substr(0, 160).c_str());
+      EXPECT_FALSE(r && !e) << c.name << " " << to_string(pass) << ": the rules accept, cuDNN refuses: " << engine;
+    }
+  }
+  std::printf("sweep: %d agree, %d rule-yes/engine-no, %d rules too strict; %zu graphs cached\n", agree, loose,
+              strict, cudnn::engine_cache_size());
+}
+
+// The conformance cases on cudnn in bf16 and f16, where its check accepts.
+class CudnnHalf : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudnnHalf, ConformanceCasesMatchTheReferenceWhereTheCheckAccepts) {
+  std::string why;
+  if (!engine_available(&why)) GTEST_SKIP() << why;
+  const DType dt = GetParam();
+  const auto b = make_cudnn_backend();
+  int ran = 0, trained = 0;
+  for (const testing::FeatureCase& fc : testing::conformance_cases()) {
+    const testing::Problem half =
+        testing::problem_as(testing::make_problem(fc.spec(77), 21, fc.lens_q, fc.lens_kv), dt);
+    SCOPED_TRACE(fc.name);
+    const Support fwd = b->check(half.spec, Pass::forward, kCuda), bwd = b->check(half.spec, Pass::backward, kCuda);
+    std::printf("cudnn conformance %s: %-40s %s\n", std::string(to_string(dt)).c_str(), fc.name.c_str(),
+                !fwd.ok()  ? ("declined: " + fwd.to_string()).c_str()
+                : bwd.ok() ? "forward and backward ran"
+                           : ("forward ran, backward declined: " + bwd.to_string()).c_str());
+    if (!fwd.ok()) continue;
+    ++ran;
+    trained += bwd.ok();
+    const testing::HalfBaseline base = testing::half_baseline(half, testing::problem_as(half, DType::f64), bwd.ok());
+    const testing::PassResults got = run_cuda(*b, half, bwd.ok());
+    testing::expect_half_results(got, base, dt, bwd.ok());
+  }
+  std::printf("cudnn conformance %s: forward ran %d, backward ran %d\n", std::string(to_string(dt)).c_str(), ran,
+              trained);
+  EXPECT_GT(trained, 0) << "cudnn trained no conformance case";
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudnnHalf, ::testing::Values(DType::bf16, DType::f16),
+                         [](const auto& param_info) { return std::string(to_string(param_info.param)); });
+
+}  // namespace
+}  // namespace attend
