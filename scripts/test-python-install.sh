@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The package as users install it: pip builds a wheel of this checkout
-# (scikit-build-core; only the library and the extension) in a fresh virtual
-# environment without torch, installs it there and runs the numpy-only tests
-# (python/tests_numpy), then installs the same wheel into a fresh environment
-# that sees Debian's torch 1.13 (--system-site-packages) and runs a PyTorch
-# forward+backward against autograd's math path.
+# (scikit-build-core: the library, the extension and the CLI) in a fresh
+# virtual environment without torch, installs it there and runs the numpy-only
+# tests (python/tests_numpy) and its `attend` console script, then installs the
+# same wheel into a fresh environment that sees Debian's torch 1.13
+# (--system-site-packages) and runs a PyTorch forward+backward against
+# autograd's math path.
 #
 # Wall time: with ATTEND_PREBUILT=<build tree> (ctest passes its own) the wheel
 # links that tree's libattend and compiles only the extension; the CMake build
@@ -38,6 +39,9 @@ echo "built $(basename "$wheel")"
 "$numpy_env/bin/python" -m pip install -q "$wheel"
 cd "$wheels"  # not the checkout: its python/ must not shadow the installed package
 "$numpy_env/bin/python" -m pytest "$root/python/tests_numpy" -q -p no:cacheprovider
+# The console script runs the CLI the wheel carries (CLI11 is installed here).
+"$numpy_env/bin/attend" select --seqlen 64 --heads 2 --head-dim 32 --training | tee "$wheels/select.txt"
+grep -q "^selected: flash" "$wheels/select.txt"
 
 "$base" -m venv --system-site-packages "$torch_env"
 "$torch_env/bin/python" -m pip install -q --no-deps "$wheel"
