@@ -29,7 +29,7 @@ _TORCH_DTYPE = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat
                 "i32": torch.int32}
 _NAMES = ("q", "k", "v", "bias", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv", "sinks")
 
-_last = []  # the native Selection of the most recent forward in this process
+_last = []  # the native Call of the most recent forward in this process (its .selection)
 
 # "backend:variant" plans forward ran on, interned: the ops pass an index.
 _PLANS = []
@@ -77,7 +77,7 @@ def _native_forward(spec, mode, tensors):
     lse_shape, lse_dtype = _expected(spec, "lse")
     out, lse = torch.empty(out_shape, dtype=out_dtype), torch.empty(lse_shape, dtype=lse_dtype)
     call = _C.forward(spec, mode, descs, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0])
-    _last[:] = [call.selection]
+    _last[:] = [call]
     return out, lse, call, keep
 
 
@@ -278,6 +278,66 @@ def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=N
     return _Attend.apply(spec, mode, q, k, v, bias, slopes, cu_q, cu_kv, sinks)
 
 
+# --- the eager inference fast path -------------------------------------------------------
+#
+# A decode step is a stream of calls whose kernel takes a few microseconds,
+# so the general path's Python (a Problem, a spec dict parsed field by field,
+# a descriptor per tensor through generic checks, an LSE nobody reads) cost
+# several times the kernel. Entry points send plain calls here first: an
+# inference call (nothing requires grad) on CPU tensors of one dtype that
+# attend reads in place, with no mask, dropout, sinks or spec fields. The spec
+# of such a call depends on its sizes only through the size fields, so it is
+# parsed once per signature (the entry point's flags and the dtype) into a
+# native SizedSpec that reads the sizes from the tensors, as the ops do; the
+# selection is still made per call by the runtime (its cache), under the
+# policy in force.
+
+_SIZED = {}  # signature -> _C.SizedSpec
+_SIZED_LIMIT = 256  # signatures are flag combinations: a process meets few; bound it anyway
+_DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16"}
+_STRIDED = torch.strided
+
+
+def _in_place(t, dtype):
+    """t's descriptor when attend can read it as it is (CPU, strided, no negative
+    bit, a contiguous last dimension), else None (the general path copies)."""
+    if not t.is_cpu or t.layout is not _STRIDED or t.is_neg():
+        return None
+    shape, strides = t.shape, t.stride()
+    if strides[-1] != 1 and shape[-1] > 1:
+        return None
+    return t.data_ptr(), dtype, shape, strides
+
+
+def fast_inference(signature, spec_of, q, k, v):
+    """The output of a plain inference call, or None when the call needs the
+    general path. The caller has checked that q, k and v are exactly
+    torch.Tensor, 4-D, and consistent in the ways its own general path checks
+    (so that path's errors stay its own); `signature` holds every argument the
+    spec depends on besides sizes and dtype, and `spec_of()` returns the
+    general path's spec for this call (used once per signature)."""
+    dtype = q.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None or k.dtype is not dtype or v.dtype is not dtype:
+        return None
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        return None
+    dq, dk, dv = _in_place(q, name), _in_place(k, name), _in_place(v, name)
+    if dq is None or dk is None or dv is None:
+        return None
+    key = signature + (name,)
+    sized = _SIZED.get(key)
+    if sized is None:
+        if len(_SIZED) >= _SIZED_LIMIT:
+            _SIZED.clear()
+        sized = _SIZED[key] = _C.SizedSpec({f: x for f, x in spec_of().items() if f not in _SIZE_FIELDS})
+    # Dense layouts put the value head dim last in out as in v.
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=dtype)
+    # The LSE is attend's own buffer: these callers return out only.
+    _last[:] = [sized.forward("inference", dq, dk, dv, (out.data_ptr(), name, out.shape, out.stride()), None)]
+    return out
+
+
 def sinks_for(sinks, q):
     """Sink logits in the dtype attend reads them: float64 for float64 problems,
     else float32 (a differentiable cast, so a bf16 parameter still gets its
@@ -292,7 +352,8 @@ def last_explanation():
     from .policy import Explanation
     if not _last:
         return None
-    return Explanation(_last[-1].explain(), _last[-1].to_json())
+    selection = _last[-1].selection
+    return Explanation(selection.explain(), selection.to_json())
 
 
 class Problem:

@@ -7,22 +7,27 @@ import torch
 _NEW_AUTOCAST = hasattr(torch, "get_autocast_dtype")
 
 
+# Looked up once: every call asks, and the lookups cost as much as the answer.
+_IS_COMPILING = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
 def compiling():
     """True inside a torch.compile trace (it cannot call into the extension)."""
-    compiler = getattr(torch, "compiler", None)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+    return _IS_COMPILING is not None and _IS_COMPILING()
+
+
+def autocast_dtype():
+    """The dtype torch.autocast on the CPU runs lower-precision ops in, or None when it is off."""
+    if _NEW_AUTOCAST:
+        return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
 
 
 def autocast(*tensors):
     """Under torch.autocast on the CPU, floating inputs in the autocast dtype
     (attention is a lower-precision op there, as torch's own SDPA is)."""
-    if _NEW_AUTOCAST:
-        if not torch.is_autocast_enabled("cpu"):
-            return tensors
-        dt = torch.get_autocast_dtype("cpu")
-    else:
-        if not torch.is_autocast_cpu_enabled():
-            return tensors
-        dt = torch.get_autocast_cpu_dtype()
+    dt = autocast_dtype()
+    if dt is None:
+        return tensors
     return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dt else t
                  for t in tensors)

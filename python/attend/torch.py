@@ -23,7 +23,7 @@ from .errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, 
 from ._autograd import Problem, draw_dropout_seed
 from ._masks import dropout_mask, dropout_mask_varlen
 from ._spec_fields import with_fields
-from ._torch_inputs import autocast as _autocast, compiling as _compiling
+from ._torch_inputs import autocast as _autocast, autocast_dtype as _autocast_dtype, compiling as _compiling
 from .module import DotProductAttention
 from .policy import Explanation
 
@@ -141,6 +141,36 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     return Problem(spec, q, k, v, bias, restore=lambda o: o.reshape(out_shape)), out_shape
 
 
+def _eager():
+    """Not under torch.compile or autocast: what the fast paths assume."""
+    return not _compiling() and _autocast_dtype() is None
+
+
+def _sdpa_fast(query, key, value, is_causal, scale, enable_gqa):
+    """The output of a 4-D call without mask, dropout, sinks or spec fields,
+    through _autograd.fast_inference; None sends the call down the general
+    path, which raises every error (the checks here only admit calls it
+    accepts unchanged: no top-left key slicing, no reshape)."""
+    if not (type(query) is torch.Tensor and type(key) is torch.Tensor and type(value) is torch.Tensor):
+        return None
+    qs, ks, vs = query.shape, key.shape, value.shape
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4 or not (scale is None or type(scale) in (float, int)):
+        return None
+    b, hq, sq, e = qs
+    hk, sk = ks[1], ks[2]
+    if b == 0 or ks[0] != b or vs[0] != b or vs[1] != hk or vs[2] != sk or ks[3] != e:
+        return None
+    if hq != hk and not ((enable_gqa and hq % hk == 0) or hk == 1):
+        return None
+    if is_causal and sq != sk:  # top-left causal over fewer queries than keys slices the keys
+        return None
+    if not _eager():
+        return None
+    return _autograd.fast_inference(
+        ("sdpa", scale, bool(is_causal)),
+        lambda: _sdpa_problem(query, key, value, None, 0.0, is_causal, scale, enable_gqa)[0].spec, query, key, value)
+
+
 def scaled_dot_product_attention(
         query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
         dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False,
@@ -161,6 +191,10 @@ def scaled_dot_product_attention(
     Attention sinks: ``sinks`` (H) float logits (gpt-oss style, learnable, with
     gradient) add exp(sinks[h]) to each row's softmax denominator;
     ``softmax_type="off_by_one"`` adds a sink logit 0 without a tensor."""
+    if attn_mask is None and not dropout_p and sinks is None and not spec_fields:
+        out = _sdpa_fast(query, key, value, is_causal, scale, enable_gqa)
+        if out is not None:
+            return out
     problem, out_shape = _sdpa_problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                        **spec_fields)
     if problem is None:  # an empty batch: nothing to compute, keep the graph connected
@@ -198,6 +232,27 @@ def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, win
     return Problem(spec, q, k, v, slopes=alibi_slopes)
 
 
+def _flash_fast(q, k, v, softmax_scale, causal, window_size, softcap, deterministic):
+    """flash_attn_func's output through _autograd.fast_inference for a call
+    without dropout, ALiBi, sinks, attention probabilities, context parallelism
+    or spec fields; None sends it down the general path. Sizes are checked by
+    the runtime in both paths, with the same errors."""
+    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
+        return None
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or not _eager():
+        return None
+    if not (softmax_scale is None or type(softmax_scale) in (float, int)) or type(softcap) not in (float, int):
+        return None
+    try:
+        signature = ("flash", softmax_scale, bool(causal), tuple(window_size), softcap, bool(deterministic))
+        hash(signature)
+    except TypeError:  # e.g. window_size=None or tensor-valued: the general path says what it makes of it
+        return None
+    return _autograd.fast_inference(
+        signature, lambda: _flash_problem(q, k, v, 0.0, softmax_scale, causal, window_size, softcap, None,
+                                          deterministic).spec, q, k, v)
+
+
 def flash_attn_func(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
@@ -218,6 +273,11 @@ def flash_attn_func(
     ``cp_group``: a torch.distributed process group sharing the sequence (context
     parallelism, attend.parallel): q, k, v are this rank's rows in the CP layout
     (attend.parallel.shard), out likewise; ``cp_strategy`` "auto", "ring" or "a2a"."""
+    if (not dropout_p and alibi_slopes is None and not return_attn_probs and sinks is None and cp_group is None
+            and not spec_fields):
+        out = _flash_fast(q, k, v, softmax_scale, causal, window_size, softcap, deterministic)
+        if out is not None:
+            return out
     problem = _flash_problem(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                              deterministic, **spec_fields).with_sinks(sinks)
     if cp_group is not None:

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attend/attend.h"
@@ -78,9 +79,15 @@ GradViews grads_of(const py::dict& grads) {
 // backend). The arrays it views are kept alive by the Python caller.
 struct Call {
   Context ctx;
-  // The verdicts, shared without the call's views: what last_selection() reports.
-  std::shared_ptr<const Selection> selection;
 };
+
+// The verdicts of a call, as last_selection() reports them: a pointer into
+// the call's plan that keeps the call alive, not a copy (copying the verdict
+// table cost a decode-sized call about a microsecond). Nothing reads the
+// call's views through it.
+std::shared_ptr<Selection> selection_of(const std::shared_ptr<Call>& call) {
+  return {call, const_cast<Selection*>(&call->ctx.selection())};
+}
 
 std::shared_ptr<Call> forward(const py::dict& fields, const std::string& mode, const py::dict& tensors,
                               const py::handle& out, const py::handle& lse) {
@@ -95,7 +102,65 @@ std::shared_ptr<Call> forward(const py::dict& fields, const std::string& mode, c
     py::gil_scoped_release nogil;
     call->ctx = attend::forward(in, spec, m, options).ctx;
   }
-  call->selection = std::make_shared<const Selection>(call->ctx.selection());
+  return call;
+}
+
+// A spec parsed once for the many calls of attend.torch's fast path, which
+// differ in their sizes only (a decode loop's key count grows every step):
+// forward takes batch, sequence lengths, heads and head dims from the
+// tensors, as the torch.library ops do, and the tensors come positionally
+// rather than in a dict. Dense layouts only.
+struct SizedSpec {
+  AttentionSpec spec;
+};
+
+void set_sizes(AttentionSpec& s, const TensorView& q, const TensorView& k, const TensorView& v) {
+  int b = 0, seq = 1, heads = 2;  // bshd
+  if (s.layout == Layout::bhsd) {
+    seq = 2;
+    heads = 1;
+  } else if (s.layout == Layout::sbhd) {
+    b = 1;
+    seq = 0;
+  } else if (s.layout != Layout::bshd) {
+    throw Error(ErrorCode::invalid_argument, "layout", std::string(to_string(s.layout)),
+                "a SizedSpec reads sizes from dense (bshd, bhsd, sbhd) tensors");
+  }
+  for (const auto& [view, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    if (view->ndim != 4) {
+      throw Error(ErrorCode::shape_mismatch, std::string(name) + ".dim", std::to_string(view->ndim),
+                  "expected 4 dimensions for layout " + std::string(to_string(s.layout)));
+    }
+  }
+  s.batch = q.shape[b];
+  s.seqlen_q = q.shape[seq];
+  s.heads_q = q.shape[heads];
+  s.head_dim_qk = q.shape[3];
+  s.seqlen_kv = k.shape[seq];
+  s.heads_kv = k.shape[heads];
+  s.head_dim_v = v.shape[3];
+}
+
+// q, k, v and out are descriptors; lse may be None (attend allocates it: the
+// fast path's callers discard it).
+std::shared_ptr<Call> sized_forward(const SizedSpec& sized, const std::string& mode, const py::handle& q,
+                                    const py::handle& k, const py::handle& v, const py::handle& out,
+                                    const py::handle& lse) {
+  Inputs in;
+  in.q = view_of(q, "q");
+  in.k = view_of(k, "k");
+  in.v = view_of(v, "v");
+  AttentionSpec spec = sized.spec;
+  set_sizes(spec, in.q, in.k, in.v);
+  const Mode m = mode_from(mode);
+  CallOptions options;
+  options.out = view_of(out, "out");
+  options.lse = view_of(lse, "lse");
+  auto call = std::make_shared<Call>();
+  {
+    py::gil_scoped_release nogil;
+    call->ctx = attend::forward(in, spec, m, options).ctx;
+  }
   return call;
 }
 
@@ -251,7 +316,7 @@ void bind_selection(py::module_& m) {
       .def("explain", &Selection::explain)
       .def("to_json", &Selection::to_json);
   py::class_<Call, std::shared_ptr<Call>>(m, "Call", "The state one forward leaves for its backward.")
-      .def_property_readonly("selection", [](const Call& c) { return std::const_pointer_cast<Selection>(c.selection); })
+      .def_property_readonly("selection", &selection_of)
       .def("backward", &call_backward, py::arg("dout"), py::arg("grads"),
            "Writes (or, with accumulate_grads, adds) the gradients into the given arrays");
 }
@@ -369,6 +434,10 @@ PYBIND11_MODULE(_C, m) {
   bind_kvcache(m);
   attend::python::bind_parallel(m);
 
+  py::class_<SizedSpec>(m, "SizedSpec", "A spec parsed once; forward reads its sizes from the tensors.")
+      .def(py::init([](const py::dict& fields) { return SizedSpec{spec_from_dict(fields)}; }), py::arg("spec"))
+      .def("forward", &sized_forward, py::arg("mode"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+           py::arg("lse"), "Runs forward into out (and lse, or attend's buffer); returns the Call");
   m.def("forward", &forward, py::arg("spec"), py::arg("mode"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
         "Runs forward into out and lse; returns the Call its backward runs from");
   m.def("backward", &backward_free, py::arg("spec"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
