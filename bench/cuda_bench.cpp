@@ -1,11 +1,13 @@
 // cuda_bench: the cuda backend's forward and backward on the GPU, timed with
-// CUDA events, against cuBLAS GEMM peaks measured in the same process.
+// CUDA events, against cuBLAS GEMM peaks measured in the same process, and the
+// cudnn backend (cuDNN's fused SDPA) on the same problems where it is built.
 //
 //   cuda_bench [--quick] [--reps N] [--warmup N] [--gemm-n N] [--help]
 //
 // Rows: B=4, H=16, D in {64, 128}, S in {1024, 2048, 4096} (--quick: 1024),
 // non-causal and causal, f32 and bf16, through the Backend interface with
-// device workspace given up front. FLOPs are src/runtime/flops.h's exact
+// device workspace given up front; one row per backend (cuda's variants,
+// cudnn) that accepts the pass, a "skipped" row with the reasons otherwise. FLOPs are src/runtime/flops.h's exact
 // visible (query, key) pairs, as `attend bench` counts them: per head forward
 // 4*Sq*Sk*D and backward 10*Sq*Sk*D (2.5x) without a mask, (S+1)/(2S) of that
 // when causal. Time: best and median of --reps (5) calls after --warmup (2);
@@ -25,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -274,7 +277,8 @@ void run_problem(const attend::Backend& backend, const HostPool& pool, const Sha
   char prefix[128];
   const auto row_prefix = [&](Pass pass, int variant) {
     std::snprintf(
-        prefix, sizeof prefix, "%-8s  %-4s  %-5s %2lld %3lld %5lld %4lld  %-6s", std::string(to_string(pass)).c_str(),
+        prefix, sizeof prefix, "%-6s %-8s  %-7s  %-5s %2lld %3lld %5lld %4lld  %-6s", std::string(backend.name()).c_str(),
+        std::string(to_string(pass)).c_str(),
         variant < 0 ? "-" : backend.variants()[static_cast<std::size_t>(variant)].name.c_str(),
         std::string(to_string(s.dtype)).c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads_q),
         static_cast<long long>(sh.s), static_cast<long long>(sh.d), sh.causal ? "yes" : "no");
@@ -349,7 +353,10 @@ void run_problem(const attend::Backend& backend, const HostPool& pool, const Sha
 }
 
 int run(const Options& o) {
-  const auto backend = attend::make_cuda_backend();
+  // cuda, and cudnn where this build has it (found by name: no link-time dependency on it).
+  std::vector<std::shared_ptr<const attend::Backend>> backends{attend::make_cuda_backend()};
+  if (auto cudnn = attend::Registry::global().find("cudnn")) backends.push_back(cudnn);
+  const auto& backend = backends.front();
   if (attend::cuda_device_count() == 0) {
     std::fprintf(stderr, "cuda_bench: nothing to measure: the CUDA runtime reports no device\n");
     return 1;
@@ -360,6 +367,8 @@ int run(const Options& o) {
               static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
   for (const attend::Variant& v : backend->variants())
     std::printf("variant %s: %s\n", v.name.c_str(), v.summary.c_str());
+  std::printf("cudnn: %s\n", backends.size() > 1 ? "built; its rows follow cuda's (bf16 only: it declines f32)"
+                                                  : "not built into this libattend (ATTEND_CUDNN)");
   // What the selector says for device tensors: MLA head dims (192/128) have a
   // forward here but no backward, so training declines cuda and inference takes it.
   {
@@ -395,21 +404,24 @@ int run(const Options& o) {
     peak_bf16 = gemm_peak(cublas, pool, DType::bf16, o.gemm_n, o.warmup, o.reps);
   }
 
-  std::printf("%-8s  %-4s  %-5s %2s %3s %5s %4s  %-6s  %9s  %9s  %8s  %s\n", "pass", "var", "dtype", "B", "H", "S", "D",
-              "causal", "best_ms", "median_ms", "TFLOP/s", "vs_gemm");
+  std::printf("%-6s %-8s  %-7s  %-5s %2s %3s %5s %4s  %-6s  %9s  %9s  %8s  %s\n", "backend", "pass", "var", "dtype", "B",
+              "H", "S", "D", "causal", "best_ms", "median_ms", "TFLOP/s", "vs_gemm");
   int failures = 0;
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (std::int64_t d : {64, 128}) {
       for (std::int64_t s : seqlens) {
         for (bool causal : {false, true}) {
-          try {
-            run_problem(*backend, pool, {dtype, d, s, causal}, o, dtype == DType::f32 ? peak_f32 : peak_bf16);
-          } catch (const std::exception& e) {
-            std::printf("error: %s D=%lld S=%lld causal=%d: %s\n", std::string(to_string(dtype)).c_str(),
-                        static_cast<long long>(d), static_cast<long long>(s), causal ? 1 : 0, e.what());
-            ++failures;
-            // A launch failure leaves the context unusable: stop rather than report garbage.
-            if (cudaGetLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 1;
+          for (const auto& b : backends) {
+            try {
+              run_problem(*b, pool, {dtype, d, s, causal}, o, dtype == DType::f32 ? peak_f32 : peak_bf16);
+            } catch (const std::exception& e) {
+              std::printf("error: %s %s D=%lld S=%lld causal=%d: %s\n", std::string(b->name()).c_str(),
+                          std::string(to_string(dtype)).c_str(), static_cast<long long>(d), static_cast<long long>(s),
+                          causal ? 1 : 0, e.what());
+              ++failures;
+              // A launch failure leaves the context unusable: stop rather than report garbage.
+              if (cudaGetLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 1;
+            }
           }
         }
       }
