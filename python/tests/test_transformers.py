@@ -21,6 +21,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import pathlib
 
 import pytest
 import torch
@@ -58,11 +59,18 @@ FAMILIES = {
     "gemma2": ("Gemma2Config", dict(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
                                     layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=32,
                                     attn_logit_softcapping=2.0, final_logit_softcapping=None)),
+    "gemma3": ("Gemma3TextConfig", dict(num_key_value_heads=1, head_dim=16, sliding_window=WINDOW,
+                                        layer_types=["sliding_attention", "full_attention"],
+                                        query_pre_attn_scalar=32)),
     "gpt_oss": ("GptOssConfig", dict(num_key_value_heads=2, head_dim=16, sliding_window=WINDOW,
                                      layer_types=["sliding_attention", "full_attention"], num_local_experts=4,
                                      num_experts_per_tok=2, intermediate_size=64,
                                      rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
 }
+
+FAMILY_TESTS = ("test_logits_of_a_padded_batch", "test_greedy_generation_is_token_identical",
+                "test_training_step_gradients")
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _summary(request):
@@ -76,9 +84,10 @@ def _summary(request):
     module = request.node.nodeid
     for outcome in ("passed", "failed", "skipped"):
         for rep in reporter.stats.get(outcome, []):
-            params = rep.nodeid.partition("[")[2].rstrip("]").split("-")
-            fam = next((p for p in params if p in FAMILIES), None)
-            if rep.nodeid.startswith(module) and fam and (rep.when == "call" or outcome != "passed"):
+            test, _, params = rep.nodeid.rpartition("::")[2].partition("[")
+            fam = next((p for p in params.rstrip("]").split("-") if p in FAMILIES), None)
+            if rep.nodeid.startswith(module) and test in FAMILY_TESTS and fam \
+                    and (rep.when == "call" or outcome != "passed"):
                 counts[fam][outcome] = counts[fam].get(outcome, 0) + 1
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     with capture.global_and_fixture_disabled():
@@ -148,13 +157,14 @@ def _batch(padding, seed=1, lengths=(14, 9, 12)):
 
 
 def _calls(monkeypatch):
-    """Counts the attention calls attend serves (proof the model ran on attend)."""
+    """Records the mask of each attention call attend serves (proof the model ran
+    on attend, and what it was asked)."""
     seen = []
     inner = hf.attention_forward
 
-    def counting(module, *args, **kwargs):
-        seen.append(type(module).__name__)
-        return inner(module, *args, **kwargs)
+    def counting(module, query, key, value, attention_mask, *args, **kwargs):
+        seen.append(attention_mask)
+        return inner(module, query, key, value, attention_mask, *args, **kwargs)
 
     monkeypatch.setitem(transformers.modeling_utils.AttentionInterface._global_mapping, "attend", counting)
     return seen
@@ -337,9 +347,66 @@ def test_dense_4d_mask_from_the_caller(caplog):
     with caplog.at_level(logging.WARNING, logger=hf.__name__), torch.no_grad():
         got = on_attend(ids, attention_mask=bias).logits
         ref = eager(ids, attention_mask=bias).logits
+        as_bool = on_attend(ids, attention_mask=keep).logits  # a boolean 4-D mask: True takes part
     assert any("dense 4-D attention mask" in r.getMessage() for r in caplog.records)
     real = mask.bool()
     assert (got[real] - ref[real]).abs().max() < 1e-4
+    assert (as_bool[real] - got[real]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("model", ["llama", "gemma2"])
+def test_bidirectional_padded_logits(model, padding, monkeypatch):
+    """Encoder-style (non-causal) attention over padded batches: every query row
+    sees its sequence's real keys (Gemma-2's sliding layers: those within a
+    two-sided window)."""
+    cls_name, fields = FAMILIES[model]
+    cfg = getattr(transformers, cls_name)(**dict(TINY, **fields))
+    cfg.is_causal = False  # the create_*_mask functions then build bidirectional masks
+    on_attend, eager, eager64 = _models(cfg)
+    ids, mask = _batch(padding)
+    calls = _calls(monkeypatch)
+    with torch.no_grad():
+        got = on_attend(ids, attention_mask=mask).logits
+        with _float64_eager_masks():
+            ref = eager64(ids, attention_mask=mask).logits.float()
+        pt = eager(ids, attention_mask=mask).logits
+    if not any(isinstance(m, hf.PaddingMask) and m.right != 0 for m in calls):
+        pytest.skip(f"transformers {transformers.__version__} builds causal masks for this {model} config")
+    real = mask.bool()
+    check_close(f"bidirectional {model} logits ({padding} padding)", got[real], ref[real], pt[real], c=3.0)
+
+
+def test_padding_with_holes_falls_back_with_a_warning(caplog):
+    """A 2-D mask with a hole inside a sequence has no varlen form: a dense mask,
+    a warning, and the same logits as eager."""
+    on_attend, eager, eager64 = _models(_llama(sliding_window=WINDOW))
+    ids, mask = _batch("right")
+    mask[0, 4:6] = 0  # two masked tokens inside the first sequence
+    hf._warned.clear()
+    with caplog.at_level(logging.WARNING, logger=hf.__name__), torch.no_grad():
+        got = on_attend(ids, attention_mask=mask).logits
+        with _float64_eager_masks():
+            ref = eager64(ids, attention_mask=mask).logits.float()
+        pt = eager(ids, attention_mask=mask).logits
+    assert any("padding with holes" in r.getMessage() or "not one run" in r.getMessage() for r in caplog.records)
+    real = mask.bool()
+    check_close("logits with holes", got[real], ref[real], pt[real], c=3.0)
+
+
+def test_readme_example_runs_as_written(monkeypatch, capsys):
+    """README's transformers example, executed verbatim: it generates 20 tokens
+    with every attention call on attend."""
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    text = readme.read_text()
+    section = text[text.index("### Hugging Face transformers"):]
+    block = section[section.index("```python\n") + len("```python\n"):]
+    block = block[:block.index("```")]
+    assert len(block.strip().splitlines()) == 5, block
+    calls = _calls(monkeypatch)
+    exec(compile(block, str(readme), "exec"), {})
+    assert "tensor([[" in capsys.readouterr().out
+    assert len(calls) == 4 * 20  # 4 layers: a prefill and 19 single-token steps
 
 
 def test_position_bias_is_refused():
