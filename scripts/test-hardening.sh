@@ -36,14 +36,17 @@ export LLVM_SYMBOLIZER_PATH="$(command -v llvm-symbolizer || echo /usr/lib/llvm-
 # a clang-only warning cannot hide the sanitizer results.
 # The MPI engine is off: Open MPI's own allocations and shared-memory transport
 # are not sanitizer-clean (docs/hardening.md); the CP planning layer stays in.
-common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTEND_WERROR=OFF -DATTEND_BUILD_BENCH=OFF -DATTEND_CP_MPI=OFF)
+common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTEND_WERROR=OFF -DATTEND_CP_MPI=OFF)
 stage() { echo; echo "=== test-hardening: $* ($(date +%T))"; }
 
 stage "ASan+UBSan build (suite and fuzz targets) and full suite"
 # One build serves the suite and the fuzz targets: the libFuzzer coverage
 # instrumentation (-fsanitize=fuzzer-no-link) costs the tests little, and a
-# second sanitized build of the library would cost minutes.
-cmake -S . -B build-asan "${common[@]}" -DATTEND_SANITIZE=address,undefined -DATTEND_BUILD_FUZZ=ON >/dev/null
+# second sanitized build of the library would cost minutes. The benchmarks are
+# in it: fuzz_cli_flags drives `attend bench` (the harness, its data and FLOP
+# counts) only when the harness is built, and the bench tests run sanitized.
+cmake -S . -B build-asan "${common[@]}" -DATTEND_SANITIZE=address,undefined -DATTEND_BUILD_FUZZ=ON \
+  -DATTEND_BUILD_BENCH=ON >/dev/null
 cmake --build build-asan -j "$jobs"
 # install_*: builds a consumer without the sanitizer runtime; covered by scripts/test.sh.
 # *_out_of_memory: provoke an allocation failure, which ASan's operator new reports
@@ -55,7 +58,8 @@ stage "TSan build and threaded subset"
 # libomp with the Archer tool tells TSan about OpenMP's synchronisation.
 archer="$(ls /usr/lib/llvm-14/lib/libarcher.so 2>/dev/null || true)"
 [[ -n "$archer" ]] || { echo "libarcher.so not found (libomp-14-dev)"; exit 1; }
-cmake -S . -B build-tsan "${common[@]}" -DATTEND_SANITIZE=thread -DATTEND_BUILD_CLI=OFF >/dev/null
+cmake -S . -B build-tsan "${common[@]}" -DATTEND_SANITIZE=thread -DATTEND_BUILD_CLI=OFF -DATTEND_BUILD_BENCH=OFF \
+  >/dev/null
 tsan_tests=(test_core test_hardening test_flash test_reference)
 [[ -f tests/backends/decode/test_decode_vs_reference.cpp ]] && tsan_tests+=(test_decode)
 cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}"
