@@ -78,25 +78,28 @@ DeviceScope::~DeviceScope() {
 }
 
 void read_index_tensors(const AttentionSpec& spec, const Inputs& in, cudaStream_t stream, HostIndex& out) {
-  const TensorView* device[5] = {&in.cu_seqlens_q, &in.cu_seqlens_kv, &in.block_table, &in.cache_seqlens,
-                                 &in.cache_leftpad};
-  TensorView* copies[5] = {&out.in.cu_seqlens_q, &out.in.cu_seqlens_kv, &out.in.block_table, &out.in.cache_seqlens,
-                           &out.in.cache_leftpad};
+  // Every view keeps its shape (the paged rules read the pools' page count);
+  // the ones validate_contents does not read lose their device pointers.
+  out.in = in;
+  for (TensorView* v : {&out.in.q, &out.in.k, &out.in.v, &out.in.bias, &out.in.alibi_slopes}) {
+    v->data = nullptr;
+    v->device = Device::cpu();
+  }
+  TensorView* copies[HostIndex::kCopies] = {&out.in.cu_seqlens_q, &out.in.cu_seqlens_kv, &out.in.block_table,
+                                            &out.in.cache_seqlens, &out.in.cache_leftpad, &out.in.sinks};
   bool any = false;
-  for (int t = 0; t < 5; ++t) {
-    const TensorView& src = *device[t];
-    if (!src.defined() || !src.data) continue;
+  for (int t = 0; t < HostIndex::kCopies; ++t) {
+    TensorView& view = *copies[t];
+    if (!view.defined() || !view.data) continue;
     // Elements from the first to the last one the view addresses.
     std::int64_t span = 1;
-    for (int d = 0; d < src.ndim; ++d) span += (src.shape[d] - 1) * src.strides[d];
-    std::vector<std::int32_t>& buffer = out.buffers[t];
-    buffer.resize(static_cast<std::size_t>(span));
-    check(cudaMemcpyAsync(buffer.data(), src.data, buffer.size() * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
-                          stream),
+    for (int d = 0; d < view.ndim; ++d) span += (view.shape[d] - 1) * view.strides[d];
+    std::vector<std::byte>& buffer = out.buffers[t];
+    buffer.resize(static_cast<std::size_t>(span) * size_of(view.dtype));
+    check(cudaMemcpyAsync(buffer.data(), view.data, buffer.size(), cudaMemcpyDeviceToHost, stream),
           "cudaMemcpyAsync(index tensor)");
-    *copies[t] = src;
-    copies[t]->data = buffer.data();
-    copies[t]->device = Device::cpu();
+    view.data = buffer.data();
+    view.device = Device::cpu();
     any = true;
   }
   if (!any) return;

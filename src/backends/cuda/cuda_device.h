@@ -39,15 +39,17 @@ class DeviceScope {
   int previous_ = -1;
 };
 
-// Host copies of the index tensors a problem finds its rows by (varlen's
-// cu_seqlens; paged K/V's block table, cache lengths and left padding), which
-// live on the device where the runtime never reads. Each is copied over its
-// span (any strides), then the runtime's own rules (validate_contents) check
-// the copies, so kernels follow only checked indices and a bad entry gets the
-// same attend::Error as on the host. One stream synchronisation.
+// Host copies of what a device call's validation reads (varlen's cu_seqlens;
+// paged K/V's block table, cache lengths and left padding; learnable sink
+// logits), which live on the device where the runtime never reads. Each is
+// copied over its span (any strides), then the runtime's own rules
+// (validate_contents) check the copies, so kernels follow only checked
+// indices and a bad entry gets the same attend::Error as on the host. One
+// stream synchronisation, none when there is nothing to read.
 struct HostIndex {
-  Inputs in;  // the index views of the call, pointing into `buffers`
-  std::vector<std::int32_t> buffers[5];
+  static constexpr int kCopies = 6;
+  Inputs in;  // the call's views; index tensors and sinks point into `buffers`, the rest hold no data
+  std::vector<std::byte> buffers[kCopies];
 };
 void read_index_tensors(const AttentionSpec& spec, const Inputs& in, cudaStream_t stream, HostIndex& out);
 
