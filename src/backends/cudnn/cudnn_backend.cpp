@@ -75,8 +75,9 @@ class CudnnBackend final : public Backend {
     // The engine: cuDNN's verdict on this pass's graph (built once per key).
     const std::string refused = cudnn::engine_check(s, pass, index, rt.sm);
     sup.require(refused.empty(), ReasonCode::library, [&] { return refused; });
-    if (s.varlen() || s.paged())
-      sup.note("sequence lengths and ragged offsets are read back from the device and checked (one stream sync)");
+    if (s.varlen() || s.paged() || s.softmax_type == SoftmaxType::learnable)
+      sup.note("cu_seqlens, block tables, cache lengths and sink logits are read back from the device and checked "
+               "by the runtime's rules before cuDNN runs (one stream sync per call)");
   }
 
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target& target) const override {

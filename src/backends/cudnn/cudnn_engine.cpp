@@ -21,8 +21,8 @@
 #include "attend/error.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_params.h"
+#include "backends/cudnn/cudnn_graph_desc.h"
 #include "backends/cudnn/cudnn_rules.h"
-#include "kernel/layout.h"
 
 namespace attend::cudnn {
 namespace {
@@ -30,169 +30,9 @@ namespace {
 namespace fe = cudnn_frontend;
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
-constexpr std::size_t kAlign = 256;
 // Enough for every (spec, pass, strides) a training job and its evaluation
 // use; a built plan holds host memory only, evicted least recently used.
 constexpr std::size_t kCacheCapacity = 256;
-
-std::size_t aligned(std::size_t bytes, std::size_t to = kAlign) { return (bytes + to - 1) / to * to; }
-
-// The q/k/v/out-shaped tensors (and the LSE), as cuDNN sees them: (b, h, s, d).
-enum Role4 { rQ, rK, rV, rO, rStats, rDO, rDQ, rDK, rDV, kRoles };
-const char* const kRoleNames[kRoles] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
-
-// Variant-pack ids. Ragged offsets: kRagged + role.
-enum Uid : std::int64_t { kBias = 100, kSeqQ, kSeqKv, kPageK, kPageV, kSink, kDSink, kRagged = 200 };
-
-struct Dims4 {
-  std::int64_t dim[4] = {1, 1, 1, 1};
-  std::int64_t stride[4] = {1, 1, 1, 1};
-};
-
-// The tensors of a call (data may be null: the check's packed stand-ins).
-struct Views {
-  TensorView t[kRoles];
-  TensorView bias, block_table;
-};
-
-// Everything a graph depends on; key() is the cache key.
-struct GraphDesc {
-  Pass pass = Pass::forward;
-  int device = 0, sm = 0;
-  DType dtype = DType::bf16;
-  float scale = 1.0f;
-  std::int64_t batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_kv = 0, dqk = 0, dv = 0;
-  bool varlen = false, paged = false;
-  MaskBand band;
-  bool has_bias = false;
-  SoftmaxType sink = SoftmaxType::vanilla;
-  bool deterministic = false;
-  Dims4 t[kRoles];
-  Dims4 bias, table;
-
-  std::string key() const {
-    std::string k = std::to_string(static_cast<int>(pass)) + "|" + std::to_string(device) + "|" +
-                    std::to_string(sm) + "|" + std::string(to_string(dtype)) + "|" + std::to_string(scale);
-    for (std::int64_t v : {batch, heads_q, heads_kv, seqlen_q, seqlen_kv, dqk, dv}) k += "|" + std::to_string(v);
-    for (int v : {int(varlen), int(paged), int(band.any), int(band.bottom_right), band.left_bound, band.right_bound,
-                  int(has_bias), static_cast<int>(sink), int(deterministic)})
-      k += "|" + std::to_string(v);
-    const auto dims = [&](const Dims4& d) {
-      for (int i = 0; i < 4; ++i) k += "|" + std::to_string(d.dim[i]) + ":" + std::to_string(d.stride[i]);
-    };
-    for (const Dims4& d : t) dims(d);
-    dims(bias);
-    dims(table);
-    return k;
-  }
-};
-
-// A q/k/v/out-shaped view as (b, h, s, d). Packed varlen tensors get the b
-// stride of a padded batch (cuDNN follows the ragged offsets instead); a paged
-// pool is (pages, heads, page_size, d).
-Dims4 token_dims(const AttentionSpec& s, const TensorView& view, std::int64_t heads, std::int64_t dim,
-                 std::int64_t seqlen, bool pool) {
-  const detail::TokenStrides ts = detail::token_strides(view, s.layout);
-  Dims4 d;
-  if (pool) {
-    const detail::TokenStrides ps = detail::token_strides(view, Layout::bshd);
-    d = {{view.shape[0], heads, s.kv_page_size, dim}, {ps.b, ps.h, ps.s, 1}};
-  } else {
-    d = {{s.batch, heads, seqlen, dim}, {s.varlen() ? seqlen * ts.s : ts.b, ts.h, ts.s, 1}};
-  }
-  return d;
-}
-
-Dims4 lse_dims(const AttentionSpec& s, const TensorView& lse) {
-  const detail::TokenStrides ls = detail::lse_strides(lse, s.layout);
-  return {{s.batch, s.heads_q, s.seqlen_q, 1}, {s.varlen() ? s.heads_q * s.seqlen_q : ls.b, ls.h, ls.s, 1}};
-}
-
-GraphDesc describe(const AttentionSpec& s, Pass pass, int device, int sm, const Views& v) {
-  GraphDesc g;
-  g.pass = pass;
-  g.device = device;
-  g.sm = sm;
-  g.dtype = s.dtype;
-  g.scale = static_cast<float>(s.effective_scale());
-  g.batch = s.batch;
-  g.heads_q = s.heads_q;
-  g.heads_kv = s.heads_kv;
-  g.seqlen_q = s.seqlen_q;
-  g.seqlen_kv = s.seqlen_kv;
-  g.dqk = s.head_dim_qk;
-  g.dv = s.head_dim_v;
-  g.varlen = s.varlen();
-  g.paged = s.paged();
-  g.band = mask_band(s);
-  g.has_bias = s.has_bias;
-  g.sink = s.softmax_type;
-  g.deterministic = s.deterministic;
-  const std::int64_t heads[kRoles] = {s.heads_q, s.heads_kv, s.heads_kv, s.heads_q, s.heads_q,
-                                      s.heads_q, s.heads_q,  s.heads_kv, s.heads_kv};
-  const std::int64_t dims[kRoles] = {s.head_dim_qk, s.head_dim_qk, s.head_dim_v, s.head_dim_v, 1,
-                                     s.head_dim_v,  s.head_dim_qk, s.head_dim_qk, s.head_dim_v};
-  const int last = pass == Pass::forward ? rStats : rDV;
-  for (int r = 0; r <= last; ++r) {
-    if (r == rStats) {
-      g.t[r] = lse_dims(s, v.t[r]);
-      continue;
-    }
-    const bool kv = r == rK || r == rV || r == rDK || r == rDV;
-    g.t[r] = token_dims(s, v.t[r], heads[r], dims[r], kv ? s.seqlen_kv : s.seqlen_q, kv && s.paged());
-  }
-  if (s.has_bias) {
-    const TensorView& b = v.bias;
-    g.bias = {{b.shape[0], b.shape[1], b.shape[2], b.shape[3]},
-              {b.shape[0] == 1 ? 0 : b.strides[0], b.shape[1] == 1 ? 0 : b.strides[1], b.strides[2], b.strides[3]}};
-  }
-  if (s.paged()) {
-    const TensorView& bt = v.block_table;
-    g.table = {{s.batch, 1, bt.shape[1], 1}, {bt.strides[0], bt.strides[0], bt.strides[1], 1}};
-  }
-  return g;
-}
-
-// Packed tensors of the spec's layout: what a Plan allocates, and what the
-// check asks cuDNN about.
-Views packed_views(const AttentionSpec& s) {
-  const Role roles[kRoles] = {Role::q, Role::k, Role::v, Role::out, Role::lse, Role::dout, Role::dq, Role::dk, Role::dv};
-  const std::int64_t pages_per_seq = s.paged() ? (s.seqlen_kv + s.kv_page_size - 1) / s.kv_page_size : 0;
-  Views v;
-  for (int r = 0; r < kRoles; ++r) {
-    Shape shape = expected_shape(s, roles[r]);
-    if (shape.dims[0] < 0) shape.dims[0] = s.batch * pages_per_seq;  // a page pool
-    v.t[r] = TensorView::contiguous(nullptr, expected_dtype(s, roles[r]), shape.span());
-  }
-  if (s.has_bias) v.bias = TensorView::contiguous(nullptr, s.dtype, expected_shape(s, Role::bias).span());
-  if (s.paged()) v.block_table = TensorView::contiguous(nullptr, DType::i32, {s.batch, pages_per_seq});
-  return v;
-}
-
-// Device scratch after cuDNN's workspace: sequence lengths (B each), a ragged
-// offset array (B + 1) per packed tensor, and H zero floats (the fixed sink
-// logit of off_by_one). 16-byte aligned pieces.
-struct Extras {
-  std::size_t seq_q = 0, seq_kv = 0, ragged[kRoles] = {}, sink = 0, bytes = 0;
-};
-Extras extras_for(const GraphDesc& g) {
-  Extras e;
-  std::size_t at = 0;
-  const auto take = [&](std::int64_t count) {
-    const std::size_t here = at;
-    at = aligned(at + static_cast<std::size_t>(count) * sizeof(std::int32_t), 16);
-    return here;
-  };
-  if (g.varlen || g.paged) {
-    e.seq_q = take(g.batch);
-    e.seq_kv = take(g.batch);
-  }
-  if (g.varlen)
-    for (int r = 0; r < kRoles; ++r) e.ragged[r] = take(g.batch + 1);
-  if (g.sink != SoftmaxType::vanilla) e.sink = take(g.heads_q);
-  e.bytes = aligned(at);
-  return e;
-}
 
 fe::DataType_t io_type(DType d) { return d == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF; }
 
@@ -247,7 +87,8 @@ void common_options(fe::graph::Graph& graph, const GraphDesc& g, Options& o) {
         .set_seq_len_kv(make_tensor(graph, "seq_len_kv", kSeqKv, lengths, fe::DataType_t::INT32));
   }
   if (g.sink != SoftmaxType::vanilla)
-    o.set_sink_token(make_tensor(graph, "sink", kSink, Dims4{{1, g.heads_q, 1, 1}, {g.heads_q, 1, 1, 1}},
+    o.set_sink_token(make_tensor(graph, "sink", kSink,
+                                 Dims4{{1, g.heads_q, 1, 1}, {g.heads_q * g.sink_stride, g.sink_stride, 1, 1}},
                                  fe::DataType_t::FLOAT));
 }
 
@@ -288,7 +129,8 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const GraphDesc& g) {
   common_options(*graph, g, o);
   if (g.deterministic) o.set_deterministic_algorithm(true);
   if (g.sink == SoftmaxType::learnable)
-    o.set_dsink_token(make_tensor(*graph, "dsink", kDSink, Dims4{{1, g.heads_q, 1, 1}, {g.heads_q, 1, 1, 1}},
+    o.set_dsink_token(make_tensor(*graph, "dsink", kDSink,
+                                  Dims4{{1, g.heads_q, 1, 1}, {g.heads_q * g.dsink_stride, g.dsink_stride, 1, 1}},
                                   fe::DataType_t::FLOAT));
   auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, out, dout, stats, o);
   describe_output(*graph, g, dq, rDQ, io);
@@ -392,36 +234,13 @@ GraphCache& cache() {
   return *c;
 }
 
-// Fills the extras on the host (lengths, ragged offsets, zero sinks) and
-// copies them behind cuDNN's workspace, in stream order.
-void upload_extras(const AttentionSpec& s, const GraphDesc& g, const Extras& e, const cuda::HostIndex& index,
+// The extras (desc.h), filled on the host and copied behind cuDNN's
+// workspace, in stream order. Pageable source: the copy has left `host` when
+// cudaMemcpyAsync returns.
+void upload_extras(const AttentionSpec& s, const GraphDesc& g, const Extras& e, const Inputs& index,
                    std::byte* device, cudaStream_t stream) {
   if (e.bytes == 0) return;
-  std::vector<std::int32_t> host(e.bytes / sizeof(std::int32_t), 0);
-  const auto at = [&](std::size_t offset) { return host.data() + offset / sizeof(std::int32_t); };
-  if (g.varlen) {
-    const TensorView& cq = index.in.cu_seqlens_q;
-    const TensorView& ck = index.in.cu_seqlens_kv;
-    const auto cu = [](const TensorView& c, std::int64_t b) { return c.as<std::int32_t>()[b * c.strides[0]]; };
-    for (std::int64_t b = 0; b < g.batch; ++b) {
-      at(e.seq_q)[b] = cu(cq, b + 1) - cu(cq, b);
-      at(e.seq_kv)[b] = cu(ck, b + 1) - cu(ck, b);
-    }
-    const int last = g.pass == Pass::forward ? rStats : rDV;
-    for (int r = 0; r <= last; ++r) {
-      const bool kv = r == rK || r == rV || r == rDK || r == rDV;
-      // Ragged offsets count elements: the sequence's first token times the token stride.
-      for (std::int64_t b = 0; b <= g.batch; ++b)
-        at(e.ragged[r])[b] = static_cast<std::int32_t>(cu(kv ? ck : cq, b) * g.t[r].stride[2]);
-    }
-  } else if (g.paged) {
-    const TensorView& lens = index.in.cache_seqlens;
-    for (std::int64_t b = 0; b < g.batch; ++b) {
-      at(e.seq_q)[b] = static_cast<std::int32_t>(s.seqlen_q);
-      at(e.seq_kv)[b] = lens.as<std::int32_t>()[b * lens.strides[0]];
-    }
-  }
-  // Pageable source: the copy has left `host` when cudaMemcpyAsync returns.
+  const std::vector<std::int32_t> host = fill_extras(s, g, e, index);
   cuda::check(cudaMemcpyAsync(device, host.data(), e.bytes, cudaMemcpyHostToDevice, stream),
               "cudaMemcpyAsync(cudnn lengths)");
 }
@@ -435,6 +254,7 @@ Views call_views(const ForwardArgs& a) {
   v.t[rStats] = a.lse;
   v.bias = a.in.bias;
   v.block_table = a.in.block_table;
+  v.sinks = a.in.sinks;
   return v;
 }
 
@@ -454,10 +274,11 @@ void execute(const AttentionSpec& s, const GraphDesc& g, const Inputs& in, const
   const bool own = need > ws.bytes;
   if (own) cuda::check(cudaMallocAsync(&base, need, stream), "cudaMallocAsync(cudnn workspace)");
   try {
+    // Validates what the kernels will follow, as the runtime does on the host.
     cuda::HostIndex index;
-    if (g.varlen || g.paged) cuda::read_index_tensors(s, in, stream, index);
+    if (g.varlen || g.paged || g.sink == SoftmaxType::learnable) cuda::read_index_tensors(s, in, stream, index);
     auto* extras = static_cast<std::byte*>(base) + cudnn_bytes;
-    upload_extras(s, g, e, index, extras, stream);
+    upload_extras(s, g, e, index.in, extras, stream);
     if (g.varlen || g.paged) {
       pack[kSeqQ] = extras + e.seq_q;
       pack[kSeqKv] = extras + e.seq_kv;
@@ -523,6 +344,8 @@ void engine_backward(const BackwardArgs& a, int sm) {
   v.t[rDK] = a.dk;
   v.t[rDV] = a.dv;
   v.bias = a.in.bias;
+  v.sinks = a.in.sinks;
+  v.dsinks = a.dsinks;
   const GraphDesc g = describe(a.spec, Pass::backward, device, sm, v);
   std::unordered_map<std::int64_t, void*> pack = {
       {rQ + 1, a.in.q.data}, {rK + 1, a.in.k.data}, {rV + 1, a.in.v.data}, {rO + 1, a.out.data},
