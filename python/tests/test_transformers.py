@@ -394,6 +394,54 @@ def test_padding_with_holes_falls_back_with_a_warning(caplog):
     check_close("logits with holes", got[real], ref[real], pt[real], c=3.0)
 
 
+@pytest.mark.parametrize("model", ["llama", "mistral", "gemma2"])
+def test_packed_sequences_without_padding(model, monkeypatch):
+    """Padding-free training batches: three sequences packed into one row, told
+    apart by position_ids that restart. The mask function hands attention their
+    boundaries (no dense mask); logits and gradients as eager's."""
+    cls_name, fields = FAMILIES[model]
+    cfg = getattr(transformers, cls_name)(**dict(TINY, **fields))
+    on_attend, eager, eager64 = _models(cfg)
+    lengths = (9, 6, 11)
+    ids = torch.randint(3, TINY["vocab_size"], (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    calls = _calls(monkeypatch)
+
+    def run(m):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        out = m(ids, position_ids=pos, labels=ids, use_cache=False)  # transformers looks for packing without a cache
+        out.loss.backward()
+        return out.logits.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+
+    got, grads = run(on_attend)
+    assert len(calls) == cfg.num_hidden_layers and all(
+        isinstance(m, hf.PaddingMask) and m.segments is not None for m in calls)
+    with _float64_eager_masks():
+        ref, grads_ref = run(eager64)
+    pt, grads_pt = run(eager)
+    check_close(f"packed {model} logits", got, ref.float(), pt, c=3.0)
+    for n in grads:
+        check_close(f"packed {model} grad {n}", grads[n], grads_ref[n].float(), grads_pt[n], c=4.0)
+
+
+def test_cu_seq_lens_kwargs_split_a_flattened_batch():
+    """FlashAttention's padding-free kwargs: each sequence attends on its own, as
+    if run alone."""
+    lengths = (9, 6, 11)
+    q, k, v = (torch.randn(1, 4, sum(lengths), 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    k, v = k[:, :2], v[:, :2]  # GQA
+    cu = torch.tensor([0, 9, 15, 26], dtype=torch.int32)
+    module = torch.nn.Module()
+    got, _ = hf.attention_forward(module, q, k, v, None, sliding_window=4, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                                  max_length_q=11, max_length_k=11)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        alone, _ = hf.attention_forward(module, q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], None, sliding_window=4)
+        assert torch.allclose(got[:, a:b], alone, atol=1e-6), (a, b)
+    with pytest.raises(attend.InvalidArgumentError, match="cu_seq_lens_k"):
+        hf.attention_forward(module, q, k, v, None, cu_seq_lens_q=cu)
+
+
 def test_readme_example_runs_as_written(monkeypatch, capsys):
     """README's transformers example, executed verbatim: it generates 20 tokens
     with every attention call on attend."""

@@ -23,6 +23,10 @@ Importing this module registers two functions under the name "attend":
     0); in inference with left padding only (``generate``),
     ``flash_attn_with_kvcache`` reads the keys in place from each sequence's
     first real key (``cache_leftpad``), with no gather;
+  * padding-free batches (sequences packed into one row, position_ids that
+    restart, or FlashAttention's ``cu_seq_lens_q``/``cu_seq_lens_k``):
+    ``flash_attn_varlen_func`` over the flattened tokens, each sequence on
+    its own;
   * GQA/MQA without repeating K/V, the layer's ``scaling``, ``softcap``
     (Gemma-2), attention sinks (gpt-oss ``s_aux``, with their gradient) and
     ``dropout`` as the layer passes them; autograd through attend's backward.
@@ -77,20 +81,23 @@ class PaddingMask:
     keys: bool (B, kv_length), True for a real key (None: every key is real);
     q_start: the key index of query row 0 (row i sits at key q_start + i);
     left, right: the window in key positions around each query (-1:
-    unbounded), right == 0 being causal.
+    unbounded), right == 0 being causal;
+    segments: for packed sequences (padding-free batches: position_ids that
+    restart), (B, S) ids, nondecreasing along each row, of the sequence each
+    token belongs to; attention stays within a sequence. None otherwise.
 
     ``shape`` and ``ndim`` are those of the dense mask it stands for, as
     transformers reads them from a mask built ahead of the forward (``generate``
     with a static cache builds the masks once per step and hands them to the
     model, whose own mask creation must then pass them through)."""
 
-    __slots__ = ("keys", "q_start", "left", "right", "batch", "q_length", "kv_length")
+    __slots__ = ("keys", "q_start", "left", "right", "batch", "q_length", "kv_length", "segments")
     ndim = 4
 
     def __init__(self, keys: Optional[torch.Tensor], q_start: int, left: int, right: int, batch: int,
-                 q_length: int, kv_length: int):
+                 q_length: int, kv_length: int, segments: Optional[torch.Tensor] = None):
         self.keys, self.q_start, self.left, self.right = keys, q_start, left, right
-        self.batch, self.q_length, self.kv_length = batch, q_length, kv_length
+        self.batch, self.q_length, self.kv_length, self.segments = batch, q_length, kv_length, segments
 
     @property
     def shape(self) -> Tuple[int, int, int, int]:
@@ -116,6 +123,8 @@ def _code(factory, *args):
 _AND = _code("and_masks", masking_utils.causal_mask_function)
 _SLIDING = _code("sliding_window_overlay", 1)
 _SLIDING_BIDIRECTIONAL = _code("sliding_window_bidirectional_overlay", 1)
+_PACKED = _code("packed_sequence_mask_function", None)
+_REMAP = _code("remap_positions_for_packed_sequence", masking_utils.causal_mask_function, None)
 
 
 def _cells(fn):
@@ -126,30 +135,39 @@ def _tighter(a, b):
     return b if a < 0 else a if b < 0 else min(a, b)
 
 
-def _pattern(fn) -> Optional[Tuple[int, int]]:
-    """(left, right) window of a transformers mask function built from its causal,
-    bidirectional and sliding-window pieces (-1: unbounded side); None for
-    anything else, whose meaning only evaluating it would tell."""
+def _pattern(fn) -> Optional[Tuple[int, int, Optional[torch.Tensor]]]:
+    """(left, right, segments) of a transformers mask function built from its
+    causal, bidirectional, sliding-window and packed-sequence pieces (-1: an
+    unbounded side; segments: the packed-sequence ids or None); None for any
+    other function, whose meaning only evaluating it would tell."""
     if fn is masking_utils.causal_mask_function:
-        return -1, 0  # kv <= q
+        return -1, 0, None  # kv <= q
     if fn is masking_utils.bidirectional_mask_function:
-        return -1, -1
+        return -1, -1, None
     code = getattr(fn, "__code__", None)
-    if code is None or code not in (_AND, _SLIDING, _SLIDING_BIDIRECTIONAL):
+    if code is None or code not in (_AND, _SLIDING, _SLIDING_BIDIRECTIONAL, _PACKED, _REMAP):
         return None
     cells = _cells(fn)
     if code is _SLIDING:  # kv > q - w
-        return int(cells["sliding_window"]) - 1, -1
+        return int(cells["sliding_window"]) - 1, -1, None
     if code is _SLIDING_BIDIRECTIONAL:  # |q - kv| <= w
         w = int(cells["sliding_window"])
-        return w, w
-    left, right = -1, -1  # and_masks: the intersection of its parts
+        return w, w, None
+    if code is _PACKED:  # same sequence id
+        return -1, -1, cells["packed_sequence_mask"]
+    if code is _REMAP:
+        # Positions renumbered from each packed sequence's start: within a
+        # sequence they still step by one (that is how transformers finds the
+        # sequences), so distances, and the window, are unchanged.
+        return _pattern(cells["mask_function"])
+    left, right, segments = -1, -1, None  # and_masks: the intersection of its parts
     for part in cells["mask_functions"]:
         p = _pattern(part)
-        if p is None:
+        if p is None or (p[2] is not None and segments is not None):
             return None
-        left, right = _tighter(left, p[0]), _tighter(right, p[1])
-    return left, right
+        left, right, segments = _tighter(left, p[0]), _tighter(right, p[1]), (
+            p[2] if p[2] is not None else segments)
+    return left, right, segments
 
 
 def create_mask(batch_size: int, q_length: Optional[int] = None, kv_length: Optional[int] = None, q_offset: Any = 0,
@@ -195,7 +213,8 @@ def create_mask(batch_size: int, q_length: Optional[int] = None, kv_length: Opti
         keys = keys[:, kv_offset:kv_offset + kv_length]
         if bool(keys.all()):
             keys = None
-    return PaddingMask(keys, q_offset - kv_offset, pattern[0], pattern[1], batch_size, q_length, kv_length)
+    left, right, segments = pattern
+    return PaddingMask(keys, q_offset - kv_offset, left, right, batch_size, q_length, kv_length, segments)
 
 
 # --- the attention function ---------------------------------------------------------------------
@@ -269,6 +288,31 @@ def _padded(q, k, v, m, flash, dense_fallback):
     return out.new_zeros(B, Sq, *out.shape[1:]).index_put((q_sel,), out)
 
 
+def _flat(q, k, v, cu_q, cu_k, m, flash):
+    """Sequences packed along the flattened (B * S) tokens, split at cu_q / cu_k
+    (padding-free batches), each attended on its own."""
+    B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+    cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
+    for cu, n, total in ((cu_q, "cu_seq_lens_q", B * Sq), (cu_k, "cu_seq_lens_k", B * Sk)):
+        if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != total:
+            _raise(ShapeMismatchError, n, cu.tolist(), f"expected cumulative lengths from 0 to the {total} "
+                   "tokens of the flattened batch")
+    out = flash_attn_varlen_func(q.reshape(B * Sq, *q.shape[2:]), k.reshape(B * Sk, *k.shape[2:]),
+                                 v.reshape(B * Sk, *v.shape[2:]), cu_q, cu_k, int(cu_q.diff().max()),
+                                 int(cu_k.diff().max()), causal=m.right == 0, window_size=(m.left, m.right), **flash)
+    return out.view(B, Sq, *out.shape[1:])
+
+
+def _cu_from_segments(segments):
+    """Cumulative lengths of the flattened runs of equal ids (a new run at each
+    row too)."""
+    B, S = segments.shape
+    start = torch.ones(B, S, dtype=torch.bool, device=segments.device)
+    start[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    idx = start.flatten().nonzero().flatten().to(torch.int32)
+    return torch.cat([idx, idx.new_tensor([B * S])])
+
+
 def _keep(m, batch, sq, sk, device):
     """The dense (B, 1, Sq, Sk) keep mask of a PaddingMask (for the fallback)."""
     i = torch.arange(sq, device=device)[:, None] + m.q_start
@@ -340,7 +384,19 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                    "as an additive bias")
         return _dense(query, key, value, _keep(m, B, Sq, Sk, query.device), dropout, scaling, softcap, sinks)
 
-    if m.keys is None and (m.q_start + Sq == Sk or (m.left < 0 and m.right < 0)):
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if m.segments is not None:  # packed sequences found in position_ids (no cache: queries are the keys)
+        if m.keys is not None or tuple(m.segments.shape) != (B, Sq) or Sq != Sk or m.q_start != 0:
+            _raise(ShapeMismatchError, "packed_sequence_mask.shape", tuple(m.segments.shape),
+                   f"packed sequences need queries that are the keys, (B, S) = ({B}, {Sk}), and no padding mask")
+        cu_q = cu_k = _cu_from_segments(m.segments)
+    if cu_q is not None or cu_k is not None:  # padding-free: FlashAttention's cu_seq_lens kwargs
+        if cu_q is None or cu_k is None or m.keys is not None:
+            _raise(InvalidArgumentError, "cu_seq_lens_k" if cu_k is None else "cu_seq_lens_q",
+                   None if cu_k is None or cu_q is None else "set", "a padding-free batch needs both cu_seq_lens_q "
+                   "and cu_seq_lens_k, and no padding in the attention mask")
+        out = _flat(q, k, v, cu_q, cu_k, m, flash)
+    elif m.keys is None and (m.q_start + Sq == Sk or (m.left < 0 and m.right < 0)):
         out = flash_attn_func(q, k, v, causal=m.right == 0, window_size=(m.left, m.right), **flash)
     else:
         out = _padded(q, k, v, m, flash, dense_fallback)
