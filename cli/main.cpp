@@ -37,7 +37,11 @@ constexpr const char* kFooter =
     "  ATTEND_ISA=avx512amx|avx512bf16|avx512|avx2|scalar\n"
     "                               cap flash's and decode's kernel family (--isa overrides it)\n"
     "  ATTEND_NUM_THREADS=n         cap flash's and decode's threads (else OMP_NUM_THREADS)\n"
-    "  ATTEND_REFERENCE_MAX_BYTES=n score-memory budget of the reference backend (default 8 GiB)";
+    "  ATTEND_REFERENCE_MAX_BYTES=n score-memory budget of the reference backend (default 8 GiB)\n"
+    "  ATTEND_CUDNN_TARGET=sm_XY,9.A.B\n"
+    "                               GPU and cuDNN release cudnn's rules assume without a GPU\n"
+    "                               (default sm_90 and the cuDNN headers' release)\n"
+    "  ATTEND_CUDNN_LIBRARY=path    the cuDNN library cudnn opens (default libcudnn.so.9)";
 
 // select/run with --json report every outcome, errors included, as JSON on stdout.
 bool json_requested(int argc, char** argv) {
