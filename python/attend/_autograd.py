@@ -18,6 +18,10 @@ Two implementations of the same op:
   compiled graphs carry the choice made when the op runs, not at trace time.
 - older torch (1.13 ...): a ``torch.autograd.Function`` that keeps forward's
   native context, so backward runs on the plan forward chose.
+
+Eager calls of the common plain kind (see fast_call) take neither: a native
+spec parsed once per signature, and for training a lean autograd.Function
+whose backward runs from the saved tensors on forward's plan.
 """
 
 import torch
@@ -278,19 +282,25 @@ def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=N
     return _Attend.apply(spec, mode, q, k, v, bias, slopes, cu_q, cu_kv, sinks)
 
 
-# --- the eager inference fast path -------------------------------------------------------
+# --- the eager fast path -----------------------------------------------------------------
 #
 # A decode step is a stream of calls whose kernel takes a few microseconds,
 # so the general path's Python (a Problem, a spec dict parsed field by field,
-# a descriptor per tensor through generic checks, an LSE nobody reads) cost
-# several times the kernel. Entry points send plain calls here first: an
-# inference call (nothing requires grad) on CPU tensors of one dtype that
-# attend reads in place, with no mask, dropout, sinks or spec fields. The spec
-# of such a call depends on its sizes only through the size fields, so it is
-# parsed once per signature (the entry point's flags and the dtype) into a
-# native SizedSpec that reads the sizes from the tensors, as the ops do; the
-# selection is still made per call by the runtime (its cache), under the
-# policy in force.
+# a descriptor per tensor through generic checks, an LSE nobody reads, and for
+# training the torch.library op's dispatch) cost several times the kernel.
+# Entry points send plain calls here first: CPU tensors of one dtype that
+# attend reads in place, with no mask, dropout, sinks or spec fields, outside
+# torch.compile and autocast. The spec of such a call depends on its sizes
+# only through the size fields, so it is parsed once per signature (the entry
+# point's flags and the dtype) into a native SizedSpec that reads the sizes
+# from the tensors, as the ops do; the runtime still selects on every call
+# (its own cache), under the policy in force.
+#
+# Training calls take an autograd.Function rather than the op: the op exists
+# so that torch.compile can trace attend, and its eager dispatch costs ~10x a
+# small problem's kernels. Like the op it saves its tensors with
+# save_for_backward (saved-tensor hooks apply) and runs backward from them on
+# the (backend, variant) forward chose.
 
 _SIZED = {}  # signature -> _C.SizedSpec
 _SIZED_LIMIT = 256  # signatures are flag combinations: a process meets few; bound it anyway
@@ -309,18 +319,58 @@ def _in_place(t, dtype):
     return t.data_ptr(), dtype, shape, strides
 
 
-def fast_inference(signature, spec_of, q, k, v):
-    """The output of a plain inference call, or None when the call needs the
-    general path. The caller has checked that q, k and v are exactly
-    torch.Tensor, 4-D, and consistent in the ways its own general path checks
-    (so that path's errors stay its own); `signature` holds every argument the
-    spec depends on besides sizes and dtype, and `spec_of()` returns the
-    general path's spec for this call (used once per signature)."""
+def _out(q, v, dtype, name):
+    # Dense layouts put the value head dim last in out as in v.
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=dtype)
+    return out, (out.data_ptr(), name, out.shape, out.stride())
+
+
+class _SizedAttend(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, sized, name, lse_shape, q, k, v, dq, dk, dv):
+        out, dout = _out(q, v, q.dtype, name)
+        lse = torch.empty(lse_shape, dtype=torch.float64 if name == "f64" else torch.float32)
+        call = sized.forward("training", dq, dk, dv, dout, (lse.data_ptr(), "f64" if name == "f64" else "f32",
+                                                            lse.shape, lse.stride()))
+        _last[:] = [call]
+        ctx.sized, ctx.call = sized, call
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        if torch.is_grad_enabled():
+            _no_double_backward()
+        saved = ctx.saved_tensors  # raises if one was modified in place since forward
+        # Hooks may hand back other tensors than forward saw (moved, copied):
+        # describe them afresh, in place where attend can read them so.
+        descs, keep = [], []
+        for t, n in zip(saved + (dout,), ("q", "k", "v", "out", "lse", "dout")):
+            dtype = _DTYPE_NAMES.get(t.dtype)
+            d = _in_place(t, dtype) if dtype else None
+            if d is None:
+                d, owner = _arrays.describe(t, n)
+                keep.append(owner)
+            descs.append(d)
+        name = descs[0][1]
+        grads = [torch.empty(t.shape, dtype=t.dtype) for t in saved[:3]]
+        ctx.sized.backward(ctx.call, *descs, *(_in_place(g, name) for g in grads))
+        del keep
+        return (None, None, None) + tuple(grads) + (None, None, None)
+
+
+def fast_call(signature, spec_of, q, k, v, seq_dim):
+    """The output of a plain call, or None when the call needs the general
+    path. The caller has checked that q, k and v are exactly torch.Tensor,
+    4-D, and consistent in the ways its own general path checks (so that
+    path's errors stay its own); `signature` holds every argument the spec
+    depends on besides sizes and dtype, `spec_of()` returns the general path's
+    spec for this call (used once per signature), and `seq_dim` is where the
+    sequence sits in q (the heads at 3 - seq_dim)."""
     dtype = q.dtype
     name = _DTYPE_NAMES.get(dtype)
     if name is None or k.dtype is not dtype or v.dtype is not dtype:
-        return None
-    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
         return None
     dq, dk, dv = _in_place(q, name), _in_place(k, name), _in_place(v, name)
     if dq is None or dk is None or dv is None:
@@ -331,10 +381,12 @@ def fast_inference(signature, spec_of, q, k, v):
         if len(_SIZED) >= _SIZED_LIMIT:
             _SIZED.clear()
         sized = _SIZED[key] = _C.SizedSpec({f: x for f, x in spec_of().items() if f not in _SIZE_FIELDS})
-    # Dense layouts put the value head dim last in out as in v.
-    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=dtype)
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        s = q.shape
+        return _SizedAttend.apply(sized, name, (s[0], s[3 - seq_dim], s[seq_dim]), q, k, v, dq, dk, dv)[0]
+    out, dout = _out(q, v, dtype, name)
     # The LSE is attend's own buffer: these callers return out only.
-    _last[:] = [sized.forward("inference", dq, dk, dv, (out.data_ptr(), name, out.shape, out.stride()), None)]
+    _last[:] = [sized.forward("inference", dq, dk, dv, dout, None)]
     return out
 
 

@@ -148,7 +148,7 @@ def _eager():
 
 def _sdpa_fast(query, key, value, is_causal, scale, enable_gqa):
     """The output of a 4-D call without mask, dropout, sinks or spec fields,
-    through _autograd.fast_inference; None sends the call down the general
+    through _autograd.fast_call; None sends the call down the general
     path, which raises every error (the checks here only admit calls it
     accepts unchanged: no top-left key slicing, no reshape)."""
     if not (type(query) is torch.Tensor and type(key) is torch.Tensor and type(value) is torch.Tensor):
@@ -166,9 +166,10 @@ def _sdpa_fast(query, key, value, is_causal, scale, enable_gqa):
         return None
     if not _eager():
         return None
-    return _autograd.fast_inference(
+    return _autograd.fast_call(
         ("sdpa", scale, bool(is_causal)),
-        lambda: _sdpa_problem(query, key, value, None, 0.0, is_causal, scale, enable_gqa)[0].spec, query, key, value)
+        lambda: _sdpa_problem(query, key, value, None, 0.0, is_causal, scale, enable_gqa)[0].spec, query, key, value,
+        seq_dim=2)
 
 
 def scaled_dot_product_attention(
@@ -233,7 +234,7 @@ def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, win
 
 
 def _flash_fast(q, k, v, softmax_scale, causal, window_size, softcap, deterministic):
-    """flash_attn_func's output through _autograd.fast_inference for a call
+    """flash_attn_func's output through _autograd.fast_call for a call
     without dropout, ALiBi, sinks, attention probabilities, context parallelism
     or spec fields; None sends it down the general path. Sizes are checked by
     the runtime in both paths, with the same errors."""
@@ -248,9 +249,9 @@ def _flash_fast(q, k, v, softmax_scale, causal, window_size, softcap, determinis
         hash(signature)
     except TypeError:  # e.g. window_size=None or tensor-valued: the general path says what it makes of it
         return None
-    return _autograd.fast_inference(
+    return _autograd.fast_call(
         signature, lambda: _flash_problem(q, k, v, 0.0, softmax_scale, causal, window_size, softcap, None,
-                                          deterministic).spec, q, k, v)
+                                          deterministic).spec, q, k, v, seq_dim=1)
 
 
 def flash_attn_func(

@@ -185,6 +185,30 @@ Policy pinned_policy(const std::string& plan) {
   return p;
 }
 
+// Backward of a SizedSpec forward from the tensors autograd saved (so that
+// saved-tensor hooks may move them), on the (backend, variant) `call` ran.
+void sized_backward(const SizedSpec& sized, const Call& call, const py::handle& q, const py::handle& k,
+                    const py::handle& v, const py::handle& out, const py::handle& lse, const py::handle& dout,
+                    const py::handle& dq, const py::handle& dk, const py::handle& dv) {
+  Inputs in;
+  in.q = view_of(q, "q");
+  in.k = view_of(k, "k");
+  in.v = view_of(v, "v");
+  AttentionSpec spec = sized.spec;
+  set_sizes(spec, in.q, in.k, in.v);
+  CallOptions options;
+  options.grads.dq = view_of(dq, "dq");
+  options.grads.dk = view_of(dk, "dk");
+  options.grads.dv = view_of(dv, "dv");
+  const Selection& chosen = call.ctx.selection();
+  const Policy pinned =
+      pinned_policy(std::string(chosen.backend->name()) + ":" + std::string(chosen.variant_name()));
+  options.policy = &pinned;
+  const TensorView o = view_of(out, "out"), l = view_of(lse, "lse"), d = view_of(dout, "dout");
+  py::gil_scoped_release nogil;
+  attend::backward(spec, in, o, l, d, options);
+}
+
 // Backward without a forward context (plans, partials, torch.library ops).
 // `plan` "backend:variant" (forward's choice) runs it there; empty selects a
 // training plan for the spec under the current policy.
@@ -437,7 +461,10 @@ PYBIND11_MODULE(_C, m) {
   py::class_<SizedSpec>(m, "SizedSpec", "A spec parsed once; forward reads its sizes from the tensors.")
       .def(py::init([](const py::dict& fields) { return SizedSpec{spec_from_dict(fields)}; }), py::arg("spec"))
       .def("forward", &sized_forward, py::arg("mode"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
-           py::arg("lse"), "Runs forward into out (and lse, or attend's buffer); returns the Call");
+           py::arg("lse"), "Runs forward into out (and lse, or attend's buffer); returns the Call")
+      .def("backward", &sized_backward, py::arg("call"), py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+           py::arg("lse"), py::arg("dout"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
+           "Writes the gradients of forward's call, on the plan it ran, into dq, dk, dv");
   m.def("forward", &forward, py::arg("spec"), py::arg("mode"), py::arg("tensors"), py::arg("out"), py::arg("lse"),
         "Runs forward into out and lse; returns the Call its backward runs from");
   m.def("backward", &backward_free, py::arg("spec"), py::arg("tensors"), py::arg("out"), py::arg("lse"),

@@ -1,4 +1,4 @@
-"""The eager inference fast path (attend._autograd.fast_inference) is only a
+"""The eager inference fast path (attend._autograd.fast_call) is only a
 faster route: the same outputs bit for bit as the general path, the policy in
 force applied on every call, and every call it does not take (other ranks,
 strides, dtypes, masks, errors) left to the general path unchanged."""
@@ -17,7 +17,7 @@ def general_only(monkeypatch):
     """Runs a function with the fast path switched off (the general path alone)."""
     def run(fn, *args, **kwargs):
         with monkeypatch.context() as m:
-            m.setattr(_autograd, "fast_inference", lambda *a: None)
+            m.setattr(_autograd, "fast_call", lambda *a, **k: None)
             return fn(*args, **kwargs)
     return run
 
@@ -124,7 +124,7 @@ def test_calls_the_fast_path_declines_keep_the_general_paths_results_and_errors(
     assert str(fast_error.value) == str(general_error.value) and "heads" in str(fast_error.value)
 
 
-def test_grad_mode_and_autocast_take_the_general_path():
+def test_grad_mode_decides_the_mode_and_autocast_takes_the_general_path(spec_builds):
     q, k, v = bhsd(1, 2, 2, 4, 4, 8, 8, torch.float32)
     q.requires_grad_(True)
     out = at.scaled_dot_product_attention(q, k, v)
@@ -132,5 +132,56 @@ def test_grad_mode_and_autocast_take_the_general_path():
     with torch.no_grad():
         assert not at.scaled_dot_product_attention(q, k, v).requires_grad
         assert at.last_selection().mode == "inference"
+    assert len(spec_builds) == 1  # one signature for both modes
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert at.scaled_dot_product_attention(q, k, v).dtype == torch.bfloat16
+    assert len(spec_builds) == 2
+
+
+@pytest.mark.parametrize("api", ["sdpa", "flash"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_fast_path_equals_the_general_path(api, dtype, general_only, spec_builds):
+    fn = at.scaled_dot_product_attention if api == "sdpa" else at.flash_attn_func
+    kw = dict(is_causal=True, enable_gqa=True) if api == "sdpa" else dict(causal=True, window_size=(7, 0))
+    for sq in (9, 30):
+        q, k, v = bhsd(2, 4, 2, sq, sq, 16, 24, dtype, seed=sq)
+        if api == "flash":
+            q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        grad_out = randn(*q.shape[:-1], 24, seed=7, dtype=dtype)
+
+        def run(*args):
+            leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+            out = fn(*leaves, **kw)
+            return (out,) + torch.autograd.grad(out, leaves, grad_out)
+
+        fast = run()
+        assert at.last_selection().mode == "training"
+        general = general_only(run)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), fast, general):
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert len(spec_builds) == 1 + 2
+
+
+def test_training_fast_path_keeps_autograds_checks_and_hooks():
+    q, k, v = (t.requires_grad_(True) for t in bhsd(1, 2, 2, 5, 5, 8, 8, torch.float32))
+    out = at.scaled_dot_product_attention(q, k, v)
+    with torch.no_grad():
+        k.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+    out = at.scaled_dot_product_attention(q, k, v)
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=False)
+    with pytest.raises(attend.UnsupportedError, match="double backward"):
+        torch.autograd.grad(at.scaled_dot_product_attention(q, k, v).sum(), q, create_graph=True)
+    # Saved-tensor hooks see what backward reads, and what they hand back is what it reads.
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t.clone()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        hooked = at.scaled_dot_product_attention(q, k, v)
+    assert (1, 2, 5) in packed  # the LSE
+    (hooked_dq,) = torch.autograd.grad(hooked.sum(), q)
+    assert torch.equal(hooked_dq, dq)

@@ -141,10 +141,11 @@ def test_sinks_compile_fullgraph_with_gradient():
 
 
 @pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
-def test_inference_outside_compile_skips_the_op_dispatch(monkeypatch):
-    # No graph to record and none being traced: the native forward is called
-    # directly (the op's dispatch costs ~10x a decode step's kernel). Training
-    # goes through the op (and may select another backend: compare within tolerance).
+def test_plain_eager_calls_skip_the_op_dispatch(monkeypatch):
+    # No graph being traced: plain calls run the native forward directly, for
+    # inference and training alike (the op's dispatch costs ~10x a decode
+    # step's kernels; training runs an autograd.Function). Calls the fast path
+    # declines that need autograd still go through the op.
     calls = []
     op = attend.torch._autograd.attention_forward
     monkeypatch.setattr(attend.torch._autograd, "attention_forward", lambda *a: calls.append(1) or op(*a))
@@ -152,9 +153,17 @@ def test_inference_outside_compile_skips_the_op_dispatch(monkeypatch):
     with torch.no_grad():
         direct = scaled_dot_product_attention(q, k, v, is_causal=True)
     assert calls == []
-    through_op = scaled_dot_product_attention(q.clone().requires_grad_(True), k, v, is_causal=True)
+    leaf = q.clone().requires_grad_(True)
+    trained = scaled_dot_product_attention(leaf, k, v, is_causal=True)
+    assert calls == [] and trained.requires_grad
+    (grad,) = torch.autograd.grad(trained.sum(), leaf)
+    masked_leaf = q.clone().requires_grad_(True)
+    masked = scaled_dot_product_attention(masked_leaf, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool).tril())
     assert calls == [1]
-    assert torch.allclose(direct, through_op.detach(), rtol=1e-5, atol=1e-6)
+    (masked_grad,) = torch.autograd.grad(masked.sum(), masked_leaf)
+    assert torch.allclose(direct, trained.detach(), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(direct, masked.detach(), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(grad, masked_grad, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
