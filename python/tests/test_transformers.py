@@ -99,11 +99,10 @@ def _summary(request):
 @pytest.fixture
 def family(request):
     name = request.param
-    cls_name, fields = FAMILIES[name]
-    cls = getattr(transformers, cls_name, None)
-    if cls is None:
+    cls_name = FAMILIES[name][0]
+    if getattr(transformers, cls_name, None) is None:
         pytest.skip(f"transformers {transformers.__version__} has no {cls_name}")
-    return name, cls(**dict(TINY, **fields))
+    return name, _config(name)
 
 
 def _models(cfg, seed=0):
@@ -170,6 +169,24 @@ def _calls(monkeypatch):
     return seen
 
 
+def _logits(models, ids, mask):
+    """The logits of (attend f32, eager f32, eager f64) as the same-precision rule
+    takes them: got, ref (the float64 truth rounded once to float32), pt."""
+    on_attend, eager, eager64 = models
+    with torch.no_grad():
+        got = on_attend(ids, attention_mask=mask).logits
+        with _float64_eager_masks():
+            ref = eager64(ids, attention_mask=mask).logits.float()
+        pt = eager(ids, attention_mask=mask).logits
+    return got, ref, pt
+
+
+def _config(name, **extra):
+    """Family `name`'s tiny config, `extra` fields replacing its own."""
+    cls_name, fields = FAMILIES[name]
+    return getattr(transformers, cls_name)(**dict(TINY, **{**fields, **extra}))
+
+
 ALL = pytest.mark.parametrize("family", sorted(FAMILIES), indirect=True)
 
 
@@ -177,14 +194,9 @@ ALL = pytest.mark.parametrize("family", sorted(FAMILIES), indirect=True)
 @pytest.mark.parametrize("padding", ["right", "left"])
 def test_logits_of_a_padded_batch(family, padding, monkeypatch):
     name, cfg = family
-    on_attend, eager, eager64 = _models(cfg)
     ids, mask = _batch(padding)
     calls = _calls(monkeypatch)
-    with torch.no_grad():
-        got = on_attend(ids, attention_mask=mask).logits
-        with _float64_eager_masks():
-            ref = eager64(ids, attention_mask=mask).logits.float()  # the float64 truth, rounded once
-        pt = eager(ids, attention_mask=mask).logits
+    got, ref, pt = _logits(_models(cfg), ids, mask)
     assert len(calls) == cfg.num_hidden_layers, f"{name}: attend served {len(calls)} attention calls"
     real = mask.bool()  # padding rows are undefined (eager: an average of padding; attend: 0)
     check_close(f"{name} logits ({padding} padding)", got[real], ref[real], pt[real], c=3.0)
@@ -244,8 +256,7 @@ def test_training_step_gradients(family, monkeypatch):
 # --- the integration's own behaviour (one family is enough) -----------------------------------------
 
 def _llama(**fields):
-    cls = getattr(transformers, "LlamaConfig")
-    return cls(**dict(TINY, num_key_value_heads=2, **fields))
+    return _config("llama", **{"num_key_value_heads": 2, **fields})  # GQA
 
 
 def test_padded_batches_build_no_dense_mask(monkeypatch):
@@ -360,17 +371,11 @@ def test_bidirectional_padded_logits(model, padding, monkeypatch):
     """Encoder-style (non-causal) attention over padded batches: every query row
     sees its sequence's real keys (Gemma-2's sliding layers: those within a
     two-sided window)."""
-    cls_name, fields = FAMILIES[model]
-    cfg = getattr(transformers, cls_name)(**dict(TINY, **fields))
+    cfg = _config(model)
     cfg.is_causal = False  # the create_*_mask functions then build bidirectional masks
-    on_attend, eager, eager64 = _models(cfg)
     ids, mask = _batch(padding)
     calls = _calls(monkeypatch)
-    with torch.no_grad():
-        got = on_attend(ids, attention_mask=mask).logits
-        with _float64_eager_masks():
-            ref = eager64(ids, attention_mask=mask).logits.float()
-        pt = eager(ids, attention_mask=mask).logits
+    got, ref, pt = _logits(_models(cfg), ids, mask)
     if not any(isinstance(m, hf.PaddingMask) and m.right != 0 for m in calls):
         pytest.skip(f"transformers {transformers.__version__} builds causal masks for this {model} config")
     real = mask.bool()
@@ -380,15 +385,12 @@ def test_bidirectional_padded_logits(model, padding, monkeypatch):
 def test_padding_with_holes_falls_back_with_a_warning(caplog):
     """A 2-D mask with a hole inside a sequence has no varlen form: a dense mask,
     a warning, and the same logits as eager."""
-    on_attend, eager, eager64 = _models(_llama(sliding_window=WINDOW))
+    models = _models(_llama(sliding_window=WINDOW))
     ids, mask = _batch("right")
     mask[0, 4:6] = 0  # two masked tokens inside the first sequence
     hf._warned.clear()
-    with caplog.at_level(logging.WARNING, logger=hf.__name__), torch.no_grad():
-        got = on_attend(ids, attention_mask=mask).logits
-        with _float64_eager_masks():
-            ref = eager64(ids, attention_mask=mask).logits.float()
-        pt = eager(ids, attention_mask=mask).logits
+    with caplog.at_level(logging.WARNING, logger=hf.__name__):
+        got, ref, pt = _logits(models, ids, mask)
     assert any("padding with holes" in r.getMessage() or "not one run" in r.getMessage() for r in caplog.records)
     real = mask.bool()
     check_close("logits with holes", got[real], ref[real], pt[real], c=3.0)
@@ -399,8 +401,7 @@ def test_packed_sequences_without_padding(model, monkeypatch):
     """Padding-free training batches: three sequences packed into one row, told
     apart by position_ids that restart. The mask function hands attention their
     boundaries (no dense mask); logits and gradients as eager's."""
-    cls_name, fields = FAMILIES[model]
-    cfg = getattr(transformers, cls_name)(**dict(TINY, **fields))
+    cfg = _config(model)
     on_attend, eager, eager64 = _models(cfg)
     lengths = (9, 6, 11)
     ids = torch.randint(3, TINY["vocab_size"], (1, sum(lengths)), generator=torch.Generator().manual_seed(3))
