@@ -276,12 +276,12 @@ void run_problem(const attend::Backend& backend, const HostPool& pool, const Sha
   const std::int64_t pairs = s.batch * attend::detail::visible_pairs(s, s.seqlen_q, s.seqlen_kv);  // dense: B x one
   char prefix[128];
   const auto row_prefix = [&](Pass pass, int variant) {
-    std::snprintf(
-        prefix, sizeof prefix, "%-6s %-8s  %-7s  %-5s %2lld %3lld %5lld %4lld  %-6s", std::string(backend.name()).c_str(),
-        std::string(to_string(pass)).c_str(),
-        variant < 0 ? "-" : backend.variants()[static_cast<std::size_t>(variant)].name.c_str(),
-        std::string(to_string(s.dtype)).c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.heads_q),
-        static_cast<long long>(sh.s), static_cast<long long>(sh.d), sh.causal ? "yes" : "no");
+    std::snprintf(prefix, sizeof prefix, "%-6s %-8s  %-7s  %-5s %2lld %3lld %5lld %4lld  %-6s",
+                  std::string(backend.name()).c_str(), std::string(to_string(pass)).c_str(),
+                  variant < 0 ? "-" : backend.variants()[static_cast<std::size_t>(variant)].name.c_str(),
+                  std::string(to_string(s.dtype)).c_str(), static_cast<long long>(s.batch),
+                  static_cast<long long>(s.heads_q), static_cast<long long>(sh.s), static_cast<long long>(sh.d),
+                  sh.causal ? "yes" : "no");
     return prefix;
   };
   const auto print_row = [&](Pass pass, int variant, const Timing& t) {
@@ -368,7 +368,7 @@ int run(const Options& o) {
   for (const attend::Variant& v : backend->variants())
     std::printf("variant %s: %s\n", v.name.c_str(), v.summary.c_str());
   std::printf("cudnn: %s\n", backends.size() > 1 ? "built; its rows follow cuda's (bf16 only: it declines f32)"
-                                                  : "not built into this libattend (ATTEND_CUDNN)");
+                                                 : "not built into this libattend (ATTEND_CUDNN)");
   // What the selector says for device tensors: MLA head dims (192/128) have a
   // forward here but no backward, so training declines cuda and inference takes it.
   {
@@ -404,8 +404,8 @@ int run(const Options& o) {
     peak_bf16 = gemm_peak(cublas, pool, DType::bf16, o.gemm_n, o.warmup, o.reps);
   }
 
-  std::printf("%-6s %-8s  %-7s  %-5s %2s %3s %5s %4s  %-6s  %9s  %9s  %8s  %s\n", "backend", "pass", "var", "dtype", "B",
-              "H", "S", "D", "causal", "best_ms", "median_ms", "TFLOP/s", "vs_gemm");
+  std::printf("%-6s %-8s  %-7s  %-5s %2s %3s %5s %4s  %-6s  %9s  %9s  %8s  %s\n", "backend", "pass", "var", "dtype",
+              "B", "H", "S", "D", "causal", "best_ms", "median_ms", "TFLOP/s", "vs_gemm");
   int failures = 0;
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (std::int64_t d : {64, 128}) {

@@ -85,7 +85,7 @@ void read_index_tensors(const AttentionSpec& spec, const Inputs& in, cudaStream_
     v->data = nullptr;
     v->device = Device::cpu();
   }
-  TensorView* copies[HostIndex::kCopies] = {&out.in.cu_seqlens_q, &out.in.cu_seqlens_kv, &out.in.block_table,
+  TensorView* copies[HostIndex::kCopies] = {&out.in.cu_seqlens_q,  &out.in.cu_seqlens_kv, &out.in.block_table,
                                             &out.in.cache_seqlens, &out.in.cache_leftpad, &out.in.sinks};
   bool any = false;
   for (int t = 0; t < HostIndex::kCopies; ++t) {

@@ -51,8 +51,8 @@ class CudnnBackend final : public Backend {
     // a machine without a GPU shows what cuDNN would say about the problem.
     sup.require(present, ReasonCode::device, [&] {
       const cudnn::RuleTarget& t = assumed_target();
-      return "device=" + to_string(target.device) + ": this process has " + std::to_string(count) +
-             " CUDA device(s)" + (why.empty() ? "" : " (" + why + ")") + "; the other reasons are cuDNN's rules for sm_" +
+      return "device=" + to_string(target.device) + ": this process has " + std::to_string(count) + " CUDA device(s)" +
+             (why.empty() ? "" : " (" + why + ")") + "; the other reasons are cuDNN's rules for sm_" +
              std::to_string(t.sm) + " (ATTEND_CUDNN_TARGET=sm_XY,9.A.B sets it)";
     });
     if (info) {
@@ -76,8 +76,9 @@ class CudnnBackend final : public Backend {
     const std::string refused = cudnn::engine_check(s, pass, index, rt.sm);
     sup.require(refused.empty(), ReasonCode::library, [&] { return refused; });
     if (s.varlen() || s.paged() || s.softmax_type == SoftmaxType::learnable)
-      sup.note("cu_seqlens, block tables, cache lengths and sink logits are read back from the device and checked "
-               "by the runtime's rules before cuDNN runs (one stream sync per call)");
+      sup.note(
+          "cu_seqlens, block tables, cache lengths and sink logits are read back from the device and checked "
+          "by the runtime's rules before cuDNN runs (one stream sync per call)");
   }
 
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target& target) const override {

@@ -92,12 +92,19 @@ void common_options(fe::graph::Graph& graph, const GraphDesc& g, Options& o) {
                                  fe::DataType_t::FLOAT));
 }
 
-std::shared_ptr<fe::graph::Graph> forward_graph(const GraphDesc& g) {
+// bf16/f16 I/O, f32 softmax and accumulation; the compute capability is the
+// device's (set, so the frontend does not ask the CUDA runtime it loads itself).
+std::shared_ptr<fe::graph::Graph> new_graph(const GraphDesc& g) {
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(io_type(g.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT)
       .set_sm_version(g.sm);
+  return graph;
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const GraphDesc& g) {
+  auto graph = new_graph(g);
   const fe::DataType_t io = io_type(g.dtype);
   TensorPtr q = input(*graph, g, rQ, io), k = input(*graph, g, rK, io), v = input(*graph, g, rV, io);
   fe::graph::SDPA_attributes o;
@@ -115,11 +122,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const GraphDesc& g) {
 }
 
 std::shared_ptr<fe::graph::Graph> backward_graph(const GraphDesc& g) {
-  auto graph = std::make_shared<fe::graph::Graph>();
-  graph->set_io_data_type(io_type(g.dtype))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT)
-      .set_sm_version(g.sm);
+  auto graph = new_graph(g);
   const fe::DataType_t io = io_type(g.dtype);
   TensorPtr q = input(*graph, g, rQ, io), k = input(*graph, g, rK, io), v = input(*graph, g, rV, io);
   TensorPtr out = input(*graph, g, rO, io), dout = input(*graph, g, rDO, io);
@@ -156,9 +159,9 @@ cudnnHandle_t handle_for(int device) {
 
 struct Built {
   std::shared_ptr<fe::graph::Graph> graph;
-  std::string error;            // non-empty: refused (the graph is then null)
-  std::int64_t workspace = 0;   // cuDNN's, bytes
-  std::mutex run;               // one enqueue at a time: executing a graph is not documented as reentrant
+  std::string error;           // non-empty: refused (the graph is then null)
+  std::int64_t workspace = 0;  // cuDNN's, bytes
+  std::mutex run;              // one enqueue at a time: executing a graph is not documented as reentrant
 };
 
 std::shared_ptr<Built> build(const GraphDesc& g) {
@@ -237,8 +240,8 @@ GraphCache& cache() {
 // The extras (desc.h), filled on the host and copied behind cuDNN's
 // workspace, in stream order. Pageable source: the copy has left `host` when
 // cudaMemcpyAsync returns.
-void upload_extras(const AttentionSpec& s, const GraphDesc& g, const Extras& e, const Inputs& index,
-                   std::byte* device, cudaStream_t stream) {
+void upload_extras(const AttentionSpec& s, const GraphDesc& g, const Extras& e, const Inputs& index, std::byte* device,
+                   cudaStream_t stream) {
   if (e.bytes == 0) return;
   const std::vector<std::int32_t> host = fill_extras(s, g, e, index);
   cuda::check(cudaMemcpyAsync(device, host.data(), e.bytes, cudaMemcpyHostToDevice, stream),
@@ -324,8 +327,10 @@ void engine_forward(const ForwardArgs& a, int sm) {
   const int device = a.target.device.index;
   const cuda::DeviceScope scope(device);
   const GraphDesc g = describe(a.spec, Pass::forward, device, sm, call_views(a));
-  std::unordered_map<std::int64_t, void*> pack = {{rQ + 1, a.in.q.data}, {rK + 1, a.in.k.data},
-                                                  {rV + 1, a.in.v.data}, {rO + 1, a.out.data},
+  std::unordered_map<std::int64_t, void*> pack = {{rQ + 1, a.in.q.data},
+                                                  {rK + 1, a.in.k.data},
+                                                  {rV + 1, a.in.v.data},
+                                                  {rO + 1, a.out.data},
                                                   {rStats + 1, a.lse.data}};
   execute(a.spec, g, a.in, a.workspace, pack, static_cast<cudaStream_t>(a.stream.handle));
 }
@@ -348,9 +353,9 @@ void engine_backward(const BackwardArgs& a, int sm) {
   v.dsinks = a.dsinks;
   const GraphDesc g = describe(a.spec, Pass::backward, device, sm, v);
   std::unordered_map<std::int64_t, void*> pack = {
-      {rQ + 1, a.in.q.data}, {rK + 1, a.in.k.data}, {rV + 1, a.in.v.data}, {rO + 1, a.out.data},
-      {rStats + 1, a.lse.data}, {rDO + 1, a.dout.data}, {rDQ + 1, a.dq.data}, {rDK + 1, a.dk.data},
-      {rDV + 1, a.dv.data}};
+      {rQ + 1, a.in.q.data}, {rK + 1, a.in.k.data},    {rV + 1, a.in.v.data},
+      {rO + 1, a.out.data},  {rStats + 1, a.lse.data}, {rDO + 1, a.dout.data},
+      {rDQ + 1, a.dq.data},  {rDK + 1, a.dk.data},     {rDV + 1, a.dv.data}};
   if (a.spec.softmax_type == SoftmaxType::learnable) pack[kDSink] = a.dsinks.data;
   execute(a.spec, g, a.in, a.workspace, pack, static_cast<cudaStream_t>(a.stream.handle));
 }

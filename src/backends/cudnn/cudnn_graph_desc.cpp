@@ -35,13 +35,13 @@ Dims4 lse_dims(const AttentionSpec& s, const TensorView& lse) {
 }  // namespace
 
 std::string GraphDesc::key() const {
-  std::string k = std::to_string(static_cast<int>(pass)) + "|" + std::to_string(device) + "|" +
-                  std::to_string(sm) + "|" + std::string(to_string(dtype)) + "|" + std::to_string(std::bit_cast<std::uint32_t>(scale));
+  std::string k = std::to_string(static_cast<int>(pass)) + "|" + std::to_string(device) + "|" + std::to_string(sm) +
+                  "|" + std::string(to_string(dtype)) + "|" + std::to_string(std::bit_cast<std::uint32_t>(scale));
   for (std::int64_t v : {batch, heads_q, heads_kv, seqlen_q, seqlen_kv, dqk, dv}) k += "|" + std::to_string(v);
-  for (std::int64_t v : {std::int64_t{varlen}, std::int64_t{paged}, std::int64_t{band.any},
-                         std::int64_t{band.bottom_right}, std::int64_t{band.left_bound}, std::int64_t{band.right_bound},
-                         std::int64_t{has_bias}, static_cast<std::int64_t>(sink), sink_stride, dsink_stride,
-                         std::int64_t{deterministic}})
+  for (std::int64_t v :
+       {std::int64_t{varlen}, std::int64_t{paged}, std::int64_t{band.any}, std::int64_t{band.bottom_right},
+        std::int64_t{band.left_bound}, std::int64_t{band.right_bound}, std::int64_t{has_bias},
+        static_cast<std::int64_t>(sink), sink_stride, dsink_stride, std::int64_t{deterministic}})
     k += "|" + std::to_string(v);
   const auto dims = [&](const Dims4& d) {
     for (int i = 0; i < 4; ++i) k += "|" + std::to_string(d.dim[i]) + ":" + std::to_string(d.stride[i]);
@@ -76,7 +76,7 @@ GraphDesc describe(const AttentionSpec& s, Pass pass, int device, int sm, const 
   g.deterministic = s.deterministic;
   const std::int64_t heads[kRoles] = {s.heads_q, s.heads_kv, s.heads_kv, s.heads_q, s.heads_q,
                                       s.heads_q, s.heads_q,  s.heads_kv, s.heads_kv};
-  const std::int64_t dims[kRoles] = {s.head_dim_qk, s.head_dim_qk, s.head_dim_v, s.head_dim_v, 1,
+  const std::int64_t dims[kRoles] = {s.head_dim_qk, s.head_dim_qk, s.head_dim_v,  s.head_dim_v, 1,
                                      s.head_dim_v,  s.head_dim_qk, s.head_dim_qk, s.head_dim_v};
   const int last = pass == Pass::forward ? rStats : rDV;
   for (int r = 0; r <= last; ++r) {
@@ -102,7 +102,8 @@ GraphDesc describe(const AttentionSpec& s, Pass pass, int device, int sm, const 
 // Packed tensors of the spec's layout: what a Plan allocates, and what the
 // check asks cuDNN about.
 Views packed_views(const AttentionSpec& s) {
-  const Role roles[kRoles] = {Role::q, Role::k, Role::v, Role::out, Role::lse, Role::dout, Role::dq, Role::dk, Role::dv};
+  const Role roles[kRoles] = {Role::q,    Role::k,  Role::v,  Role::out, Role::lse,
+                              Role::dout, Role::dq, Role::dk, Role::dv};
   const std::int64_t pages_per_seq = s.paged() ? (s.seqlen_kv + s.kv_page_size - 1) / s.kv_page_size : 0;
   Views v;
   for (int r = 0; r < kRoles; ++r) {
@@ -134,7 +135,8 @@ Extras extras_for(const GraphDesc& g) {
   return e;
 }
 
-std::vector<std::int32_t> fill_extras(const AttentionSpec& s, const GraphDesc& g, const Extras& e, const Inputs& index) {
+std::vector<std::int32_t> fill_extras(const AttentionSpec& s, const GraphDesc& g, const Extras& e,
+                                      const Inputs& index) {
   std::vector<std::int32_t> host(e.bytes / sizeof(std::int32_t), 0);
   const auto at = [&](std::size_t offset) { return host.data() + offset / sizeof(std::int32_t); };
   if (g.varlen) {

@@ -29,8 +29,9 @@ Library open_library() {
   void* handle = dlopen(lib.name.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     const char* why = dlerror();
-    lib.error = "dlopen(" + lib.name + ") failed: " + (why ? why : "no message") +
-                " (install cuDNN 9, e.g. the nvidia-cudnn-cu13 wheel, on the library path, or set ATTEND_CUDNN_LIBRARY)";
+    lib.error =
+        "dlopen(" + lib.name + ") failed: " + (why ? why : "no message") +
+        " (install cuDNN 9, e.g. the nvidia-cudnn-cu13 wheel, on the library path, or set ATTEND_CUDNN_LIBRARY)";
     return lib;
   }
   using GetVersion = std::size_t (*)();

@@ -83,7 +83,9 @@ struct FeatureRow {
 };
 
 std::string num(std::int64_t v) { return std::to_string(v); }
-std::string seqlens(const AttentionSpec& s) { return "seqlen_q=" + num(s.seqlen_q) + ", seqlen_kv=" + num(s.seqlen_kv); }
+std::string seqlens(const AttentionSpec& s) {
+  return "seqlen_q=" + num(s.seqlen_q) + ", seqlen_kv=" + num(s.seqlen_kv);
+}
 bool per_sequence_lengths(const AttentionSpec& s) { return s.varlen() || s.paged(); }
 bool windowed(const AttentionSpec& s) { return s.window_left >= 0 || s.effective_window_right() > 0; }
 std::string window_fields(const AttentionSpec& s) {
@@ -100,14 +102,13 @@ constexpr FeatureRow kFeatures[] = {
      "cuDNN's alibi_mask computes its own slopes (2^(-8(h+1)/H), causal only) and takes none, while attend's "
      "slopes are an input"},
     {"dropout", ReasonCode::dropout, [](const AttentionSpec& s) { return s.dropout_p > 0; },
-     [](const AttentionSpec& s) { return "dropout_p=" + std::to_string(s.dropout_p); }, kAnySm, kLastSm, kNever,
-     kNever,
+     [](const AttentionSpec& s) { return "dropout_p=" + std::to_string(s.dropout_p); }, kAnySm, kLastSm, kNever, kNever,
      "cuDNN draws its own Philox mask from (seed, offset), not attend's counter rule, so the same seed would "
      "drop other entries than every other backend (a precomputed mask tensor would take B*H*Sq*Sk bytes)"},
     {"positions of a partial problem", ReasonCode::positions,
      [](const AttentionSpec& s) { return s.has_offsets() && s.is_masked(); },
-     [](const AttentionSpec& s) { return "q_offset=" + num(s.q_offset) + ", kv_offset=" + num(s.kv_offset); },
-     kAnySm, kLastSm, kNever, kNever,
+     [](const AttentionSpec& s) { return "q_offset=" + num(s.q_offset) + ", kv_offset=" + num(s.kv_offset); }, kAnySm,
+     kLastSm, kNever, kNever,
      "cuDNN's diagonal band is relative to the problem's own rows and keys; attend builds no shifted band"},
     {"an out dtype other than the inputs'", ReasonCode::out_dtype,
      [](const AttentionSpec& s) { return s.effective_out_dtype() != s.dtype; },
@@ -195,7 +196,9 @@ constexpr KnownBug kKnownBugs[] = {
 };
 
 std::string sm_string(int sm) { return "sm_" + std::to_string(sm); }
-std::string target_string(const RuleTarget& t) { return "cuDNN " + version_string(t.version) + " on " + sm_string(t.sm); }
+std::string target_string(const RuleTarget& t) {
+  return "cuDNN " + version_string(t.version) + " on " + sm_string(t.sm);
+}
 
 int version_needed(int forward, int backward, Pass pass) { return pass == Pass::forward ? forward : backward; }
 
@@ -230,8 +233,8 @@ void check_features(const AttentionSpec& s, Pass pass, const RuleTarget& t, Supp
     sup.require(t.version >= need, f.code, [&] {
       const std::string head = std::string(f.feature) + " (" + f.fields(s) + ")";
       if (need == kNever) return head + ": " + f.why;
-      return head + " needs cuDNN " + version_string(need) + " or later in " + std::string(to_string(pass)) +
-             " on " + sm_string(t.sm) + "; the target has " + version_string(t.version);
+      return head + " needs cuDNN " + version_string(need) + " or later in " + std::string(to_string(pass)) + " on " +
+             sm_string(t.sm) + "; the target has " + version_string(t.version);
     });
   }
   for (const KnownBug& b : kKnownBugs) {
@@ -262,8 +265,10 @@ RuleTarget parse_rule_target(std::string_view text, std::string_view field) {
   if (comma == std::string_view::npos) throw bad("expected sm_XY,MAJOR.MINOR[.PATCH], e.g. sm_90,9.19.0");
   std::string_view sm = text.substr(0, comma);
   std::string_view version = text.substr(comma + 1);
-  if (sm.starts_with("sm_")) sm.remove_prefix(3);
-  else if (sm.starts_with("sm")) sm.remove_prefix(2);
+  if (sm.starts_with("sm_"))
+    sm.remove_prefix(3);
+  else if (sm.starts_with("sm"))
+    sm.remove_prefix(2);
   bool ok = true;
   RuleTarget t;
   t.sm = parse_int(sm, &ok);
@@ -310,9 +315,8 @@ void check_rules(const AttentionSpec& s, Pass pass, const RuleTarget& t, Support
     return "cuDNN " + version_string(t.version) + ": attend builds its SDPA graphs for cuDNN " +
            version_string(kMinVersion) + " or later";
   });
-  sup.require(t.sm >= 80, ReasonCode::device, [&] {
-    return sm_string(t.sm) + ": cuDNN's bf16/f16 flash SDPA needs sm_80 (Ampere) or later";
-  });
+  sup.require(t.sm >= 80, ReasonCode::device,
+              [&] { return sm_string(t.sm) + ": cuDNN's bf16/f16 flash SDPA needs sm_80 (Ampere) or later"; });
   // cuDNN's bounds and the ragged offsets attend builds are 32-bit.
   constexpr std::int64_t kMaxInt = std::numeric_limits<std::int32_t>::max();
   sup.require(std::max({s.seqlen_q, s.seqlen_kv, s.total_q, s.total_kv}) <= kMaxInt / 2, ReasonCode::seqlen, [&] {

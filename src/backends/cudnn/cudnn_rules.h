@@ -38,10 +38,10 @@ void check_rules(const AttentionSpec& spec, Pass pass, const RuleTarget& target,
 // FlashAttention's rule): shared by the rules (which alignment a problem
 // needs) and the engine (the graph's options), so the two cannot disagree.
 struct MaskBand {
-  bool any = false;          // some mask at all
-  bool bottom_right = false; // needs cuDNN's BOTTOM_RIGHT alignment (Sq != Sk, or per-sequence lengths)
-  int left_bound = -1;       // cuDNN's left bound: keys j > i - left_bound are kept; -1: unbounded
-  int right_bound = -1;      // keys j <= i + right_bound are kept; -1: unbounded
+  bool any = false;           // some mask at all
+  bool bottom_right = false;  // needs cuDNN's BOTTOM_RIGHT alignment (Sq != Sk, or per-sequence lengths)
+  int left_bound = -1;        // cuDNN's left bound: keys j > i - left_bound are kept; -1: unbounded
+  int right_bound = -1;       // keys j <= i + right_bound are kept; -1: unbounded
 };
 MaskBand mask_band(const AttentionSpec& spec);
 

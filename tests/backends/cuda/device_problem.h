@@ -104,8 +104,9 @@ inline DeviceProblem upload(DeviceArena& mem, const testing::Problem& p) {
 // start at `grad_init` (accumulate_grads adds to them; NaN: must be overwritten).
 // `forward_variant` names the forward's variant (empty: the default, which
 // for bf16/f16 is the tensor-core "mma"; backward always resolves to "simt").
-inline testing::PassResults run_cuda(const Backend& backend, const testing::Problem& p, bool grads, double grad_init = 0,
-                              Stream stream = {}, const std::string& forward_variant = {}) {
+inline testing::PassResults run_cuda(const Backend& backend, const testing::Problem& p, bool grads,
+                                     double grad_init = 0, Stream stream = {},
+                                     const std::string& forward_variant = {}) {
   const AttentionSpec& s = p.spec;
   DeviceArena mem;
   const DeviceProblem d = upload(mem, p);

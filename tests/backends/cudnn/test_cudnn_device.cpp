@@ -24,21 +24,13 @@
 #include "backends/cudnn/cudnn_engine.h"
 #include "backends/cudnn/cudnn_library.h"
 #include "backends/cudnn/cudnn_rules.h"
+#include "backends/cudnn/cudnn_test_spec.h"
 #include "support/half_baseline.h"
 
 namespace attend {
 namespace {
 
-AttentionSpec bf16_spec(std::int64_t dqk = 128, std::int64_t dv = 128) {
-  AttentionSpec s;
-  s.batch = 2;
-  s.seqlen_q = s.seqlen_kv = 256;
-  s.heads_q = s.heads_kv = 8;
-  s.head_dim_qk = dqk;
-  s.head_dim_v = dv;
-  s.dtype = DType::bf16;
-  return s;
-}
+AttentionSpec bf16_spec(std::int64_t dqk = 128, std::int64_t dv = 128) { return testing::cudnn_spec(dqk, dv, 256, 8); }
 
 // --- selection (no GPU needed) ------------------------------------------------
 
@@ -121,7 +113,7 @@ struct SweepCase {
 
 std::vector<SweepCase> sweep_cases() {
   std::vector<SweepCase> cases;
-  const std::pair<std::int64_t, std::int64_t> dims[] = {{64, 64},  {128, 128}, {192, 128},
+  const std::pair<std::int64_t, std::int64_t> dims[] = {{64, 64},   {128, 128}, {192, 128},
                                                         {256, 256}, {64, 512},  {576, 512}};
   const char* features[] = {"plain", "causal", "window", "bias", "varlen", "paged", "causal_sq<sk"};
   for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
@@ -148,8 +140,8 @@ std::vector<SweepCase> sweep_cases() {
             s.seqlen_q = 1;
             s.kv_page_size = 64;
           }
-          const std::string name = std::string(to_string(dt)) + " d=" + std::to_string(dqk) + "/" +
-                                   std::to_string(dv) + " " + feature + (kv == 8 ? "" : " gqa");
+          const std::string name = std::string(to_string(dt)) + " d=" + std::to_string(dqk) + "/" + std::to_string(dv) +
+                                   " " + feature + (kv == 8 ? "" : " gqa");
           cases.push_back({name, s});
         }
       }
@@ -173,8 +165,8 @@ TEST(CudnnDevice, RulesNeverAcceptWhatCudnnRefuses) {
       Support rules;
       cudnn::check_rules(c.spec, pass, target, rules);
       // The engine is asked whatever the rules say: a rule-no that cuDNN accepts is a rule too strict.
-      const std::string engine = c.spec.dtype == DType::f32 ? "f32 graphs are not built"
-                                                            : cudnn::engine_check(c.spec, pass, 0, target.sm);
+      const std::string engine =
+          c.spec.dtype == DType::f32 ? "f32 graphs are not built" : cudnn::engine_check(c.spec, pass, 0, target.sm);
       const bool r = rules.ok(), e = engine.empty();
       const char* verdict = r == e ? "agree" : r ? "RULE-YES/ENGINE-NO" : "rule too strict";
       if (r && !e) ++loose;
@@ -186,8 +178,8 @@ TEST(CudnnDevice, RulesNeverAcceptWhatCudnnRefuses) {
       EXPECT_FALSE(r && !e) << c.name << " " << to_string(pass) << ": the rules accept, cuDNN refuses: " << engine;
     }
   }
-  std::printf("sweep: %d agree, %d rule-yes/engine-no, %d rules too strict; %zu graphs cached\n", agree, loose,
-              strict, cudnn::engine_cache_size());
+  std::printf("sweep: %d agree, %d rule-yes/engine-no, %d rules too strict; %zu graphs cached\n", agree, loose, strict,
+              cudnn::engine_cache_size());
 }
 
 // The conformance cases on cudnn in bf16 and f16, where its check accepts.

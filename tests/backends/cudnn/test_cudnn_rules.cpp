@@ -8,26 +8,18 @@
 
 #include "attend/attend.h"
 #include "backends/cudnn/cudnn_rules.h"
+#include "backends/cudnn/cudnn_test_spec.h"
 
 namespace attend {
 namespace {
 
 using cudnn::RuleTarget;
 
-constexpr RuleTarget kHopper{90, 91900};     // H100/H200, cuDNN 9.19.0
-constexpr RuleTarget kAmpere{80, 91900};     // A100
+constexpr RuleTarget kHopper{90, 91900};      // H100/H200, cuDNN 9.19.0
+constexpr RuleTarget kAmpere{80, 91900};      // A100
 constexpr RuleTarget kBlackwell{100, 91900};  // B200
 
-AttentionSpec base(std::int64_t dqk = 128, std::int64_t dv = 128) {
-  AttentionSpec s;
-  s.batch = 2;
-  s.seqlen_q = s.seqlen_kv = 1024;
-  s.heads_q = s.heads_kv = 16;
-  s.head_dim_qk = dqk;
-  s.head_dim_v = dv;
-  s.dtype = DType::bf16;
-  return s;
-}
+AttentionSpec base(std::int64_t dqk = 128, std::int64_t dv = 128) { return testing::cudnn_spec(dqk, dv, 1024, 16); }
 
 AttentionSpec varlen(AttentionSpec s) {
   s.layout = Layout::thd;
@@ -55,6 +47,13 @@ Support rules(const AttentionSpec& s, Pass pass, RuleTarget t = kHopper) {
   return ::testing::AssertionFailure() << "no [" << to_string(code) << "] reason mentions '" << text
                                        << "': " << sup.to_string();
 }
+
+// A feature set on the base spec and the reason it must give.
+struct Case {
+  ReasonCode code;
+  const char* text;
+  void (*set)(AttentionSpec&);
+};
 
 ::testing::AssertionResult accepts(const AttentionSpec& s, Pass pass, RuleTarget t = kHopper) {
   const Support sup = rules(s, pass, t);
@@ -132,11 +131,6 @@ TEST(CudnnRules, HeadDimsMustBeMultiplesOf8) {
 }
 
 TEST(CudnnRules, FeaturesNoReleaseComputesAreDeclinedInBothPasses) {
-  struct Case {
-    ReasonCode code;
-    const char* text;
-    void (*set)(AttentionSpec&);
-  };
   const Case cases[] = {
       {ReasonCode::softcap, "softcap", [](AttentionSpec& s) { s.softcap = 30; }},
       {ReasonCode::alibi, "own slopes", [](AttentionSpec& s) { s.alibi = true; }},
@@ -170,11 +164,6 @@ TEST(CudnnRules, OffsetsWithoutAMaskChangeNothingAndAreAccepted) {
 }
 
 TEST(CudnnRules, BackwardOnlyLimitsLeaveInferenceToCudnn) {
-  struct Case {
-    ReasonCode code;
-    const char* text;
-    void (*set)(AttentionSpec&);
-  };
   const Case cases[] = {
       {ReasonCode::dtype, "dq_dtype=f32", [](AttentionSpec& s) { s.dq_dtype = DType::f32; }},
       {ReasonCode::accumulate, "overwrites", [](AttentionSpec& s) { s.accumulate_grads = true; }},
