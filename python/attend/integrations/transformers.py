@@ -272,8 +272,9 @@ def _padded(q, k, v, m, flash, dense_fallback):
     if (not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, v))) \
             and flash["dropout_p"] == 0.0 and bool((q_hi == Sq).all()) and bool((first + nk == Sk).all()):
         # Left padding only, nothing to differentiate (generate): the cache reader
-        # takes each sequence's keys from its first real one, in place; rows before
-        # a sequence's first real token see no key and come out 0.
+        # takes each sequence's keys from its first real one, in place. Rows
+        # before a sequence's first real token are padding, whose output nobody
+        # reads (under a causal mask they see no key and come out 0).
         return flash_attn_with_kvcache(q, k, v, cache_seqlens=Sk, cache_leftpad=first.to(torch.int32),
                                        softmax_scale=flash["softmax_scale"], causal=right == 0,
                                        window_size=(left, right), softcap=flash["softcap"], sinks=flash["sinks"])
