@@ -458,6 +458,16 @@ def test_readme_example_runs_as_written(monkeypatch, capsys):
     assert len(calls) == 4 * 20  # 4 layers: a prefill and 19 single-token steps
 
 
+def test_a_transformers_outside_the_tested_range_is_warned_about(monkeypatch, caplog):
+    with caplog.at_level(logging.WARNING, logger=hf.__name__):
+        monkeypatch.setattr(transformers, "__version__", "5.99.0")
+        hf._check_version()
+        assert not caplog.records
+        monkeypatch.setattr(transformers, "__version__", "4.57.1")
+        hf._check_version()
+    assert "4.57.1 is outside the tested range >=5,<6" in caplog.records[-1].getMessage()
+
+
 def test_position_bias_is_refused():
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(attend.UnsupportedError, match="position_bias"):

@@ -404,6 +404,20 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return out, None
 
 
+# The range pyproject.toml's "transformers" extra pins and the tests run (5.0.0, 5.25.0).
+SUPPORTED = (5, 6)
+
+
+def _check_version():
+    try:
+        major = int(transformers.__version__.split(".")[0])
+    except ValueError:
+        return
+    if not SUPPORTED[0] <= major < SUPPORTED[1]:
+        logger.warning(f"attend: transformers {transformers.__version__} is outside the tested range "
+                       f">={SUPPORTED[0]},<{SUPPORTED[1]} (pip install 'attend[transformers]')")
+
+
 def register() -> None:
     """Registers "attend" with transformers' AttentionInterface and
     AttentionMaskInterface (done on import; calling it again is harmless)."""
@@ -411,4 +425,5 @@ def register() -> None:
     AttentionMaskInterface.register(NAME, create_mask)
 
 
+_check_version()
 register()
