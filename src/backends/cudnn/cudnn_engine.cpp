@@ -248,17 +248,26 @@ void upload_extras(const AttentionSpec& s, const GraphDesc& g, const Extras& e, 
               "cudaMemcpyAsync(cudnn lengths)");
 }
 
-Views call_views(const ForwardArgs& a) {
+// The call's tensors in the graph's roles (forward's; backward adds its own).
+Views call_views(const Inputs& in, const TensorView& out, const TensorView& lse) {
   Views v;
-  v.t[rQ] = a.in.q;
-  v.t[rK] = a.in.k;
-  v.t[rV] = a.in.v;
-  v.t[rO] = a.out;
-  v.t[rStats] = a.lse;
-  v.bias = a.in.bias;
-  v.block_table = a.in.block_table;
-  v.sinks = a.in.sinks;
+  v.t[rQ] = in.q;
+  v.t[rK] = in.k;
+  v.t[rV] = in.v;
+  v.t[rO] = out;
+  v.t[rStats] = lse;
+  v.bias = in.bias;
+  v.block_table = in.block_table;
+  v.sinks = in.sinks;
   return v;
+}
+
+// Variant pack of the role tensors (uid = role + 1) a pass reads and writes.
+std::unordered_map<std::int64_t, void*> role_pointers(const Views& v, Pass pass) {
+  std::unordered_map<std::int64_t, void*> pack;
+  const int last = pass == Pass::forward ? rStats : rDV;
+  for (int r = 0; r <= last; ++r) pack[r + 1] = v.t[r].data;
+  return pack;
 }
 
 // Runs `g` (the call's graph) with the pointers in `pack`, cuDNN's workspace
@@ -326,36 +335,23 @@ std::size_t engine_workspace(const AttentionSpec& spec, Pass pass, int device, i
 void engine_forward(const ForwardArgs& a, int sm) {
   const int device = a.target.device.index;
   const cuda::DeviceScope scope(device);
-  const GraphDesc g = describe(a.spec, Pass::forward, device, sm, call_views(a));
-  std::unordered_map<std::int64_t, void*> pack = {{rQ + 1, a.in.q.data},
-                                                  {rK + 1, a.in.k.data},
-                                                  {rV + 1, a.in.v.data},
-                                                  {rO + 1, a.out.data},
-                                                  {rStats + 1, a.lse.data}};
+  const Views v = call_views(a.in, a.out, a.lse);
+  const GraphDesc g = describe(a.spec, Pass::forward, device, sm, v);
+  std::unordered_map<std::int64_t, void*> pack = role_pointers(v, Pass::forward);
   execute(a.spec, g, a.in, a.workspace, pack, static_cast<cudaStream_t>(a.stream.handle));
 }
 
 void engine_backward(const BackwardArgs& a, int sm) {
   const int device = a.target.device.index;
   const cuda::DeviceScope scope(device);
-  Views v;
-  v.t[rQ] = a.in.q;
-  v.t[rK] = a.in.k;
-  v.t[rV] = a.in.v;
-  v.t[rO] = a.out;
-  v.t[rStats] = a.lse;
+  Views v = call_views(a.in, a.out, a.lse);
   v.t[rDO] = a.dout;
   v.t[rDQ] = a.dq;
   v.t[rDK] = a.dk;
   v.t[rDV] = a.dv;
-  v.bias = a.in.bias;
-  v.sinks = a.in.sinks;
   v.dsinks = a.dsinks;
   const GraphDesc g = describe(a.spec, Pass::backward, device, sm, v);
-  std::unordered_map<std::int64_t, void*> pack = {
-      {rQ + 1, a.in.q.data}, {rK + 1, a.in.k.data},    {rV + 1, a.in.v.data},
-      {rO + 1, a.out.data},  {rStats + 1, a.lse.data}, {rDO + 1, a.dout.data},
-      {rDQ + 1, a.dq.data},  {rDK + 1, a.dk.data},     {rDV + 1, a.dv.data}};
+  std::unordered_map<std::int64_t, void*> pack = role_pointers(v, Pass::backward);
   if (a.spec.softmax_type == SoftmaxType::learnable) pack[kDSink] = a.dsinks.data;
   execute(a.spec, g, a.in, a.workspace, pack, static_cast<cudaStream_t>(a.stream.handle));
 }
