@@ -101,10 +101,22 @@ def _grad_buffers(spec, bias):
     return grads
 
 
+def _saved(ctx, q, k, v, out, lse):
+    """Saves what backward reads (autograd's version counters then catch in-place
+    edits between the passes) and returns forward's outputs, the LSE marked
+    non-differentiable."""
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.mark_non_differentiable(lse)
+    return out, lse
+
+
 def _no_double_backward():
-    _raise(UnsupportedError, "create_graph", True,
-           "attend's backward is not differentiable: double backward (create_graph=True through attend "
-           "attention) is not supported")
+    """Raises when a backward runs with grad mode on (create_graph=True): attend's
+    backward is not itself differentiable."""
+    if torch.is_grad_enabled():
+        _raise(UnsupportedError, "create_graph", True,
+               "attend's backward is not differentiable: double backward (create_graph=True through attend "
+               "attention) is not supported")
 
 
 class _Attend(torch.autograd.Function):
@@ -115,17 +127,13 @@ class _Attend(torch.autograd.Function):
         # The context (plan, spec with the dropout seed, out and LSE) and the
         # memory it views: backward runs on the same backend.
         ctx.call, ctx.keep, ctx.spec, ctx.bias = call, keep, spec, bias
-        # Saved only so that autograd's version counters catch in-place edits of
-        # the inputs or the output between forward and backward.
-        # LSE too: the native context reads it in backward.
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+        # Saved only for the version counters (the native context reads the
+        # memory itself, LSE included).
+        return _saved(ctx, q, k, v, out, lse)
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        if torch.is_grad_enabled():
-            _no_double_backward()
+        _no_double_backward()
         ctx.saved_tensors  # noqa: B018  (raises if an input was modified in place)
         grads = _grad_buffers(ctx.spec, ctx.bias)
         gd, gkeep = _arrays.describe_all(grads)
@@ -243,8 +251,7 @@ if HAS_OPS:
         ctx.save_for_backward(q, k, v, bias, slopes, cu_q, cu_kv, sinks, output[0], output[1], output[2])
 
     def _backward(ctx, grads):
-        if torch.is_grad_enabled():
-            _no_double_backward()
+        _no_double_backward()
         q, k, v, bias, slopes, cu_q, cu_kv, sinks, out, lse, plan = ctx.saved_tensors
         dq, dk, dv, dbias, dsinks = attention_backward(grads[0].contiguous(), q, k, v, bias, slopes, cu_q, cu_kv,
                                                        sinks, out, lse, plan, ctx.spec)
@@ -334,14 +341,11 @@ class _SizedAttend(torch.autograd.Function):
                                                             lse.shape, lse.stride()))
         _last[:] = [call]
         ctx.sized, ctx.call = sized, call
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
+        return _saved(ctx, q, k, v, out, lse)
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        if torch.is_grad_enabled():
-            _no_double_backward()
+        _no_double_backward()
         saved = ctx.saved_tensors  # raises if one was modified in place since forward
         # Hooks may hand back other tensors than forward saw (moved, copied):
         # describe them afresh, in place where attend can read them so.

@@ -89,11 +89,10 @@ std::shared_ptr<Selection> selection_of(const std::shared_ptr<Call>& call) {
   return {call, const_cast<Selection*>(&call->ctx.selection())};
 }
 
-std::shared_ptr<Call> forward(const py::dict& fields, const std::string& mode, const py::dict& tensors,
-                              const py::handle& out, const py::handle& lse) {
-  const AttentionSpec spec = spec_from_dict(fields);
+// Runs forward into the descriptors out and lse (None: attend's own buffer).
+std::shared_ptr<Call> run_forward(const Inputs& in, const AttentionSpec& spec, const std::string& mode,
+                                  const py::handle& out, const py::handle& lse) {
   const Mode m = mode_from(mode);
-  const Inputs in = inputs_of(tensors);
   CallOptions options;
   options.out = view_of(out, "out");
   options.lse = view_of(lse, "lse");
@@ -103,6 +102,12 @@ std::shared_ptr<Call> forward(const py::dict& fields, const std::string& mode, c
     call->ctx = attend::forward(in, spec, m, options).ctx;
   }
   return call;
+}
+
+std::shared_ptr<Call> forward(const py::dict& fields, const std::string& mode, const py::dict& tensors,
+                              const py::handle& out, const py::handle& lse) {
+  const AttentionSpec spec = spec_from_dict(fields);
+  return run_forward(inputs_of(tensors), spec, mode, out, lse);
 }
 
 // A spec parsed once for the many calls of attend.torch's fast path, which
@@ -141,27 +146,25 @@ void set_sizes(AttentionSpec& s, const TensorView& q, const TensorView& k, const
   s.head_dim_v = v.shape[3];
 }
 
-// q, k, v and out are descriptors; lse may be None (attend allocates it: the
-// fast path's callers discard it).
-std::shared_ptr<Call> sized_forward(const SizedSpec& sized, const std::string& mode, const py::handle& q,
-                                    const py::handle& k, const py::handle& v, const py::handle& out,
-                                    const py::handle& lse) {
+// The inputs of a SizedSpec call and its complete spec.
+std::pair<Inputs, AttentionSpec> sized_problem(const SizedSpec& sized, const py::handle& q, const py::handle& k,
+                                               const py::handle& v) {
   Inputs in;
   in.q = view_of(q, "q");
   in.k = view_of(k, "k");
   in.v = view_of(v, "v");
   AttentionSpec spec = sized.spec;
   set_sizes(spec, in.q, in.k, in.v);
-  const Mode m = mode_from(mode);
-  CallOptions options;
-  options.out = view_of(out, "out");
-  options.lse = view_of(lse, "lse");
-  auto call = std::make_shared<Call>();
-  {
-    py::gil_scoped_release nogil;
-    call->ctx = attend::forward(in, spec, m, options).ctx;
-  }
-  return call;
+  return {in, spec};
+}
+
+// q, k, v and out are descriptors; lse may be None (attend allocates it: the
+// fast path's callers discard it).
+std::shared_ptr<Call> sized_forward(const SizedSpec& sized, const std::string& mode, const py::handle& q,
+                                    const py::handle& k, const py::handle& v, const py::handle& out,
+                                    const py::handle& lse) {
+  const auto [in, spec] = sized_problem(sized, q, k, v);
+  return run_forward(in, spec, mode, out, lse);
 }
 
 void call_backward(const Call& call, const py::handle& dout, const py::dict& grads) {
@@ -190,19 +193,13 @@ Policy pinned_policy(const std::string& plan) {
 void sized_backward(const SizedSpec& sized, const Call& call, const py::handle& q, const py::handle& k,
                     const py::handle& v, const py::handle& out, const py::handle& lse, const py::handle& dout,
                     const py::handle& dq, const py::handle& dk, const py::handle& dv) {
-  Inputs in;
-  in.q = view_of(q, "q");
-  in.k = view_of(k, "k");
-  in.v = view_of(v, "v");
-  AttentionSpec spec = sized.spec;
-  set_sizes(spec, in.q, in.k, in.v);
+  const auto [in, spec] = sized_problem(sized, q, k, v);
   CallOptions options;
   options.grads.dq = view_of(dq, "dq");
   options.grads.dk = view_of(dk, "dk");
   options.grads.dv = view_of(dv, "dv");
   const Selection& chosen = call.ctx.selection();
-  const Policy pinned =
-      pinned_policy(std::string(chosen.backend->name()) + ":" + std::string(chosen.variant_name()));
+  const Policy pinned = pinned_policy(std::string(chosen.backend->name()) + ":" + std::string(chosen.variant_name()));
   options.policy = &pinned;
   const TensorView o = view_of(out, "out"), l = view_of(lse, "lse"), d = view_of(dout, "dout");
   py::gil_scoped_release nogil;
