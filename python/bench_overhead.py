@@ -55,7 +55,7 @@ def per_call(fn, calls):
     return (time.perf_counter() - t0) / calls
 
 
-def compare(fns, rounds, round_s=0.004):
+def compare(fns, rounds, round_s=0.002):
     """Best seconds per call of each of `fns`, their rounds interleaved."""
     calls = []
     for fn in fns:
@@ -126,7 +126,7 @@ def case(api, sq, sk, dtype, backward, rounds):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=25, help="interleaved timing rounds per row")
+    ap.add_argument("--rounds", type=int, default=40, help="interleaved timing rounds per row")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     if not hasattr(F, "scaled_dot_product_attention"):
