@@ -192,8 +192,9 @@ Inputs on_device(Inputs in, Device d) {
 TEST_F(PlanTest, ADeviceBackendDropsInAndHostBackendsDeclineDeviceMemory) {
   auto fake = std::make_shared<FakeDeviceBackend>();
   register_backend(fake, 10);
-  // The real cuda backend (built when nvcc is found) would outrank the fake one.
+  // The real cuda and cudnn backends (built when nvcc and cuDNN are found) would outrank the fake one.
   Registry::global().unregister_backend("cuda");
+  Registry::global().unregister_backend("cudnn");
   const Problem p = make_problem(small_spec(), 6);
   const Inputs dev = on_device(p.inputs, Device::cuda(0));
 

@@ -38,6 +38,7 @@ class SelectTest : public ::testing::Test {
     Registry::global().unregister_backend("flash");
     Registry::global().unregister_backend("decode");
     Registry::global().unregister_backend("cuda");  // built with CUDA: serves no host tensors anyway
+    Registry::global().unregister_backend("cudnn");  // likewise, where cuDNN was found
     set_policy(Policy{});
     fake = std::make_shared<ForwardOnlyMismatchBackend>();
     register_backend(fake, 50);
