@@ -7,8 +7,9 @@ results must satisfy the same-precision rule of conftest.check_close: its
 error against the float64 eager run is at most c times the float32 eager run's
 error, plus the rounding floor. Compared: the logits of a padded batch (right
 padding, as in training, and left padding, as in generation), 32 greedily
-generated tokens from a left-padded batch (identical tokens), and one training
-step's parameter gradients on a right-padded batch.
+generated tokens from a left-padded batch (identical tokens), one training
+step's parameter gradients on a right-padded batch, and bfloat16 logits
+(against eager in bfloat16).
 
 The module skips where transformers is absent (Debian's torch 1.13 run), and
 each family where the installed transformers lacks it; the terminal summary
@@ -68,7 +69,7 @@ FAMILIES = {
                                      rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
 }
 
-FAMILY_TESTS = ("test_logits_of_a_padded_batch", "test_greedy_generation_is_token_identical",
+FAMILY_TESTS = ("test_logits_of_a_padded_batch", "test_bfloat16_logits", "test_greedy_generation_is_token_identical",
                 "test_training_step_gradients")
 
 
@@ -200,6 +201,20 @@ def test_logits_of_a_padded_batch(family, padding, monkeypatch):
     assert len(calls) == cfg.num_hidden_layers, f"{name}: attend served {len(calls)} attention calls"
     real = mask.bool()  # padding rows are undefined (eager: an average of padding; attend: 0)
     check_close(f"{name} logits ({padding} padding)", got[real], ref[real], pt[real], c=3.0)
+
+
+@ALL
+def test_bfloat16_logits(family, monkeypatch):
+    """A bfloat16 model runs attention in bfloat16 on attend (f32 accumulation
+    inside), as accurate as eager attention in bfloat16."""
+    name, cfg = family
+    on_attend, eager, eager64 = _models(cfg)
+    ids, mask = _batch("left")
+    calls = _calls(monkeypatch)
+    got, ref, pt = _logits((on_attend.to(torch.bfloat16), eager.to(torch.bfloat16), eager64), ids, mask)
+    assert len(calls) == cfg.num_hidden_layers and got.dtype == torch.bfloat16
+    real = mask.bool()
+    check_close(f"{name} bfloat16 logits", got[real], ref[real], pt[real], c=2.0)
 
 
 @ALL
