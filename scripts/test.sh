@@ -4,9 +4,11 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${ATTEND_BUILD_DIR:-$root/build}"
 bash "$root/scripts/install-deps.sh"
+# The cudnn backend's headers (cudnn-frontend, from PyPI); without them AUTO leaves cudnn out.
+bash "$root/scripts/cudnn-frontend.sh" >/dev/null || echo "test.sh: no cudnn-frontend headers: cudnn is not built" >&2
 # ON, not AUTO: the PyTorch binding's tests must not vanish when torch is missing.
 # Every switch explicit: a tree the main job configured (scripts/run-default.sh)
 # has tests, benchmarks, MPI and CUDA switched off in its cache.
 bash "$root/scripts/build.sh" -DATTEND_BUILD_CLI=ON -DATTEND_BUILD_TESTS=ON -DATTEND_BUILD_BENCH=ON \
-  -DATTEND_BUILD_PYTHON=ON -DATTEND_CUDA=AUTO -DATTEND_CP_MPI=ON
+  -DATTEND_BUILD_PYTHON=ON -DATTEND_CUDA=AUTO -DATTEND_CUDNN=AUTO -DATTEND_CP_MPI=ON
 ctest --test-dir "$build" --output-on-failure -j "${ATTEND_JOBS:-$(nproc)}"
