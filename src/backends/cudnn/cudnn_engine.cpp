@@ -22,6 +22,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_params.h"
 #include "backends/cudnn/cudnn_graph_desc.h"
+#include "backends/cudnn/cudnn_library.h"
 #include "backends/cudnn/cudnn_rules.h"
 
 namespace attend::cudnn {
@@ -166,6 +167,13 @@ struct Built {
 
 std::shared_ptr<Built> build(const GraphDesc& g) {
   auto b = std::make_shared<Built>();
+  // Before any frontend call: its dynamic-loading shim caches each symbol on
+  // first use, so a call with no library open would leave it null for good.
+  const Library& lib = library();
+  if (!lib.ok()) {
+    b->error = "cuDNN is not loaded: " + lib.error;
+    return b;
+  }
   const char* step = "building the graph";
   try {
     const cuda::DeviceScope scope(g.device);
