@@ -13,7 +13,9 @@
 # cudnn steps look for libcudnn.so.9 on the device (ATTEND_CUDNN_LIBRARY, the
 # loader's cache, the CUDA toolkit, a Python wheel) and say so when it is absent.
 #
-# Parts (default all; each step has its own timeout, ~7 minutes in all):
+# Parts (default all). Each step has its own timeout; the worst cases are cuda
+# 4 min, cudnn 7.5 min (plan builds may compile kernels), bench 7 min, so with
+# a 10-minute limit per device command, run one part per command:
 #   cuda   test_cuda (conformance, half, large cases), memcheck on the small ones
 #   cudnn  test_cudnn: the rule-vs-engine sweep (fails on any case the rules
 #          accept and cuDNN refuses; lists the rules too strict) and the
@@ -88,7 +90,7 @@ if wants cudnn; then
   # The sweep prints one line per (case, pass): rules vs engine, and the totals.
   timeout 240 "$build/tests/test_cudnn" --gtest_filter='CudnnDevice.*:CudnnSelection.*' 2>&1 |
     tee "$out/cudnn_sweep.log" || status=1
-  timeout 150 "$build/tests/test_cudnn" --gtest_filter='Dtypes/CudnnHalf.*' 2>&1 |
+  timeout 200 "$build/tests/test_cudnn" --gtest_filter='Dtypes/CudnnHalf.*' 2>&1 |
     tee "$out/cudnn_conformance.log" || status=1
   grep -q "SKIPPED \] CudnnDevice" "$out/cudnn_sweep.log" && echo "cudnn: the device tests SKIPPED (see the logs): not a pass" |
     tee -a "$out/cudnn.txt"
