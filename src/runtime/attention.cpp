@@ -152,8 +152,8 @@ Gradients backward(const AttentionSpec& spec, const Inputs& inputs, const Tensor
                    const TensorView& dout, const CallOptions& options) {
   validate(spec);
   validate_input_shapes(spec, inputs);
-  const Plan plan = PlanAccess::make(spec, Mode::training, {options.policy, device_of(inputs)},
-                                     PlanAccess::Checked::spec_and_inputs);
+  const Plan plan =
+      PlanAccess::make(spec, Mode::training, {options.policy, device_of(inputs)}, PlanAccess::Checked::spec_and_inputs);
   return run_backward(plan, inputs, out, lse, dout, options);
 }
 

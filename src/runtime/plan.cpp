@@ -74,12 +74,11 @@ void PlanAccess::backward(const Plan& plan, const Inputs& in, const TensorView& 
                     std::string(b.name()) + "' has a backward for this problem");
   }
   require_device(plan, in.q);
-  const BackwardArgs args{plan.spec_, in,          out,           lse,          dout,       grads.dq,
-                          grads.dk,   grads.dv,    grads.dbias,   run.workspace, plan.target_, run.stream,
-                          grads.dsinks};
+  const BackwardArgs args{plan.spec_, in,          out,           lse,          dout,       grads.dq,    grads.dk,
+                          grads.dv,   grads.dbias, run.workspace, plan.target_, run.stream, grads.dsinks};
   detail::validate_backward_tensors(args, checked == Checked::spec_and_inputs);
-  detail::run_gated(b.name(), Pass::backward, args, scratch(b, plan.spec_, Pass::backward, plan.target_),
-                    run.allocator, [&](const BackwardArgs& a) { backward(b, a); });
+  detail::run_gated(b.name(), Pass::backward, args, scratch(b, plan.spec_, Pass::backward, plan.target_), run.allocator,
+                    [&](const BackwardArgs& a) { backward(b, a); });
 }
 
 void Plan::forward(const Inputs& in, const TensorView& out, const TensorView& lse, const RunOptions& run) const {
