@@ -38,7 +38,7 @@ constexpr const char* kFooter =
     "                               cap flash's and decode's kernel family (--isa overrides it)\n"
     "  ATTEND_NUM_THREADS=n         cap flash's and decode's threads (else OMP_NUM_THREADS)\n"
     "  ATTEND_REFERENCE_MAX_BYTES=n score-memory budget of the reference backend (default 8 GiB)\n"
-    "  ATTEND_CUDNN_TARGET=sm_XY,9.A.B\n"
+    "  ATTEND_CUDNN_TARGET=sm_XY[,9.A.B]\n"
     "                               GPU and cuDNN release cudnn's rules assume without a GPU\n"
     "                               (default sm_90 and the cuDNN headers' release)\n"
     "  ATTEND_CUDNN_LIBRARY=path    the cuDNN library cudnn opens (default libcudnn.so.9)";

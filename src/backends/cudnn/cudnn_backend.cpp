@@ -28,7 +28,7 @@ constexpr int kHeaderVersion = CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + CUDNN_P
 const cudnn::RuleTarget& assumed_target() {
   static const cudnn::RuleTarget t = [] {
     const char* env = std::getenv("ATTEND_CUDNN_TARGET");
-    if (env && *env) return cudnn::parse_rule_target(env, "ATTEND_CUDNN_TARGET");
+    if (env && *env) return cudnn::parse_rule_target(env, "ATTEND_CUDNN_TARGET", kHeaderVersion);
     return cudnn::RuleTarget{90, kHeaderVersion};
   }();
   return t;
@@ -53,7 +53,7 @@ class CudnnBackend final : public Backend {
       const cudnn::RuleTarget& t = assumed_target();
       return "device=" + to_string(target.device) + ": this process has " + std::to_string(count) + " CUDA device(s)" +
              (why.empty() ? "" : " (" + why + ")") + "; the other reasons are cuDNN's rules for sm_" +
-             std::to_string(t.sm) + " (ATTEND_CUDNN_TARGET=sm_XY,9.A.B sets it)";
+             std::to_string(t.sm) + " (ATTEND_CUDNN_TARGET=sm_XY[,9.A.B] sets it)";
     });
     if (info) {
       sup.require(info->error.empty(), ReasonCode::device,

@@ -257,14 +257,15 @@ std::string version_string(int version) {
          std::to_string(version % 100);
 }
 
-RuleTarget parse_rule_target(std::string_view text, std::string_view field) {
+RuleTarget parse_rule_target(std::string_view text, std::string_view field, int default_version) {
   const auto bad = [&](const char* why) {
     return Error(ErrorCode::invalid_argument, std::string(field), std::string(text), why);
   };
   const std::size_t comma = text.find(',');
-  if (comma == std::string_view::npos) throw bad("expected sm_XY,MAJOR.MINOR[.PATCH], e.g. sm_90,9.19.0");
   std::string_view sm = text.substr(0, comma);
-  std::string_view version = text.substr(comma + 1);
+  const std::string version_text =
+      comma == std::string_view::npos ? version_string(default_version) : std::string(text.substr(comma + 1));
+  std::string_view version = version_text;
   if (sm.starts_with("sm_"))
     sm.remove_prefix(3);
   else if (sm.starts_with("sm"))

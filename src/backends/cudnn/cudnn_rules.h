@@ -25,10 +25,11 @@ struct RuleTarget {
 // "9.19.0" for 91900.
 std::string version_string(int version);
 
-// Parses "sm_90,9.19.0" (or "sm90,9.19", "90,91900"): the target the rules
-// assume where there is no device to ask (ATTEND_CUDNN_TARGET). Throws
-// attend::Error naming `field` and the text otherwise.
-RuleTarget parse_rule_target(std::string_view text, std::string_view field);
+// Parses "sm_90,9.19.0" (or "sm90,9.19", "90,91900"), or "sm_90" alone with
+// `default_version` (the release whose headers the build used): the target
+// the rules assume where there is no device to ask (ATTEND_CUDNN_TARGET).
+// Throws attend::Error naming `field` and the text otherwise.
+RuleTarget parse_rule_target(std::string_view text, std::string_view field, int default_version);
 
 // Adds one reason per unmet condition of cuDNN's support for `pass` to `sup`.
 // Pure. Every spec the runtime validates gets an answer.

@@ -345,22 +345,25 @@ TEST(CudnnMaskBand, FollowsAttendsBottomRightRule) {
 }
 
 TEST(CudnnTarget, ParsesTheAssumedTarget) {
-  const RuleTarget a = cudnn::parse_rule_target("sm_90,9.19.0", "ATTEND_CUDNN_TARGET");
+  const RuleTarget a = cudnn::parse_rule_target("sm_90,9.19.0", "ATTEND_CUDNN_TARGET", 91900);
   EXPECT_EQ(a.sm, 90);
   EXPECT_EQ(a.version, 91900);
-  const RuleTarget b = cudnn::parse_rule_target("sm80,9.10", "x");
+  const RuleTarget b = cudnn::parse_rule_target("sm80,9.10", "x", 91900);
   EXPECT_EQ(b.sm, 80);
   EXPECT_EQ(b.version, 91000);
-  const RuleTarget c = cudnn::parse_rule_target("100,91801", "x");
+  const RuleTarget c = cudnn::parse_rule_target("100,91801", "x", 91900);
   EXPECT_EQ(c.sm, 100);
   EXPECT_EQ(c.version, 91801);
   EXPECT_EQ(cudnn::version_string(91801), "9.18.1");
+  const RuleTarget d = cudnn::parse_rule_target("sm_80", "x", 91900);  // the headers' release
+  EXPECT_EQ(d.sm, 80);
+  EXPECT_EQ(d.version, 91900);
 }
 
 TEST(CudnnTarget, MalformedTargetsNameTheVariableAndValue) {
-  for (const char* bad : {"", "sm_90", "sm_x,9.19.0", "sm_90,9.x", "sm_90,9.19.0.1", "sm_90,9.100.0", "sm_5,9.1"}) {
+  for (const char* bad : {"", "sm_", "sm_x,9.19.0", "sm_90,9.x", "sm_90,9.19.0.1", "sm_90,9.100.0", "sm_5,9.1"}) {
     try {
-      cudnn::parse_rule_target(bad, "ATTEND_CUDNN_TARGET");
+      cudnn::parse_rule_target(bad, "ATTEND_CUDNN_TARGET", 91900);
       ADD_FAILURE() << "accepted '" << bad << "'";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::invalid_argument);
