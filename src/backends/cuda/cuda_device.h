@@ -17,6 +17,7 @@ struct DeviceInfo {
   std::string error;  // non-empty: the device cannot be used (why)
   std::string name;
   int major = 0, minor = 0;    // compute capability
+  int sm() const { return major * 10 + minor; }  // e.g. 90 for sm_90
   std::size_t smem_optin = 0;  // dynamic shared memory a block may opt into, bytes
   int multiprocessors = 0;
 };

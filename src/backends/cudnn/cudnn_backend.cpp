@@ -64,7 +64,7 @@ class CudnnBackend final : public Backend {
     // else for the assumed target (the note says which).
     cudnn::RuleTarget rt = assumed_target();
     const bool real_sm = info && info->error.empty();
-    if (real_sm) rt.sm = info->major * 10 + info->minor;
+    if (real_sm) rt.sm = info->sm();
     if (lib.ok()) rt.version = lib.version;
     sup.note([&] {
       return "rules evaluated for sm_" + std::to_string(rt.sm) + (real_sm ? " (the device)" : " (assumed)") +
@@ -83,17 +83,17 @@ class CudnnBackend final : public Backend {
 
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target& target) const override {
     const cuda::DeviceInfo& info = cuda::device_info(target.device.index);
-    return cudnn::engine_workspace(s, pass, target.device.index, info.major * 10 + info.minor);
+    return cudnn::engine_workspace(s, pass, target.device.index, info.sm());
   }
 
   void run_forward(const ForwardArgs& a) const override {
     const cuda::DeviceInfo& info = cuda::device_info(a.target.device.index);
-    cudnn::engine_forward(a, info.major * 10 + info.minor);
+    cudnn::engine_forward(a, info.sm());
   }
 
   void run_backward(const BackwardArgs& a) const override {
     const cuda::DeviceInfo& info = cuda::device_info(a.target.device.index);
-    cudnn::engine_backward(a, info.major * 10 + info.minor);
+    cudnn::engine_backward(a, info.sm());
   }
 };
 

@@ -155,7 +155,7 @@ TEST(CudnnDevice, RulesNeverAcceptWhatCudnnRefuses) {
   std::string why;
   if (!engine_available(&why)) GTEST_SKIP() << why;
   const cuda::DeviceInfo& info = cuda::device_info(0);
-  const cudnn::RuleTarget target{info.major * 10 + info.minor, cudnn::library().version};
+  const cudnn::RuleTarget target{info.sm(), cudnn::library().version};
   std::printf("rule-vs-engine sweep on %s (sm_%d), cuDNN %s\n", info.name.c_str(), target.sm,
               cudnn::version_string(target.version).c_str());
   std::printf("%-36s %-9s %-6s %-7s %s\n", "case", "pass", "rules", "engine", "first reason");
