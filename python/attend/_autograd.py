@@ -311,7 +311,7 @@ def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=N
 
 _SIZED = {}  # signature -> _C.SizedSpec
 _SIZED_LIMIT = 256  # signatures are flag combinations: a process meets few; bound it anyway
-_DTYPE_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16"}
+_DTYPE_NAMES = {t: n for n, t in _TORCH_DTYPE.items() if t.is_floating_point}  # the element types
 _STRIDED = torch.strided
 
 
@@ -336,9 +336,9 @@ class _SizedAttend(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sized, name, lse_shape, q, k, v, dq, dk, dv):
         out, dout = _out(q, v, q.dtype, name)
-        lse = torch.empty(lse_shape, dtype=torch.float64 if name == "f64" else torch.float32)
-        call = sized.forward("training", dq, dk, dv, dout, (lse.data_ptr(), "f64" if name == "f64" else "f32",
-                                                            lse.shape, lse.stride()))
+        lse_name = "f64" if name == "f64" else "f32"  # the LSE is f32 but for f64 problems
+        lse = torch.empty(lse_shape, dtype=_TORCH_DTYPE[lse_name])
+        call = sized.forward("training", dq, dk, dv, dout, (lse.data_ptr(), lse_name, lse.shape, lse.stride()))
         _last[:] = [call]
         ctx.sized, ctx.call = sized, call
         return _saved(ctx, q, k, v, out, lse)

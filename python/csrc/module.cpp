@@ -188,6 +188,21 @@ Policy pinned_policy(const std::string& plan) {
   return p;
 }
 
+// Backward from out and lse without a forward context, on the plan
+// "backend:variant" (forward's choice) where `plan` names one, else on a
+// training plan selected for the spec under the current policy.
+void pinned_backward(const AttentionSpec& spec, const Inputs& in, const py::handle& out, const py::handle& lse,
+                     const py::handle& dout, CallOptions options, const std::string& plan) {
+  std::optional<Policy> pinned;
+  if (!plan.empty()) {
+    pinned = pinned_policy(plan);
+    options.policy = &*pinned;
+  }
+  const TensorView o = view_of(out, "out"), l = view_of(lse, "lse"), d = view_of(dout, "dout");
+  py::gil_scoped_release nogil;
+  attend::backward(spec, in, o, l, d, options);
+}
+
 // Backward of a SizedSpec forward from the tensors autograd saved (so that
 // saved-tensor hooks may move them), on the (backend, variant) `call` ran.
 void sized_backward(const SizedSpec& sized, const Call& call, const py::handle& q, const py::handle& k,
@@ -199,11 +214,8 @@ void sized_backward(const SizedSpec& sized, const Call& call, const py::handle& 
   options.grads.dk = view_of(dk, "dk");
   options.grads.dv = view_of(dv, "dv");
   const Selection& chosen = call.ctx.selection();
-  const Policy pinned = pinned_policy(std::string(chosen.backend->name()) + ":" + std::string(chosen.variant_name()));
-  options.policy = &pinned;
-  const TensorView o = view_of(out, "out"), l = view_of(lse, "lse"), d = view_of(dout, "dout");
-  py::gil_scoped_release nogil;
-  attend::backward(spec, in, o, l, d, options);
+  pinned_backward(spec, in, out, lse, dout, options,
+                  std::string(chosen.backend->name()) + ":" + std::string(chosen.variant_name()));
 }
 
 // Backward without a forward context (plans, partials, torch.library ops).
@@ -215,14 +227,7 @@ void backward_free(const py::dict& fields, const py::dict& tensors, const py::ha
   const Inputs in = inputs_of(tensors);
   CallOptions options;
   options.grads = grads_of(grads);
-  std::optional<Policy> pinned;
-  if (!plan.empty()) {
-    pinned = pinned_policy(plan);
-    options.policy = &*pinned;
-  }
-  const TensorView o = view_of(out, "out"), l = view_of(lse, "lse"), d = view_of(dout, "dout");
-  py::gil_scoped_release nogil;
-  attend::backward(spec, in, o, l, d, options);
+  pinned_backward(spec, in, out, lse, dout, options, plan);
 }
 
 void merge_parts(const py::dict& fields, const py::list& parts, const py::handle& out, const py::handle& lse) {
