@@ -233,6 +233,11 @@ def _dense(query, key, value, mask, dropout, scaling, softcap, sinks):
     return out.transpose(1, 2)
 
 
+def _cumulative(lengths):
+    """cu_seqlens (int32, from 0) of per-sequence lengths."""
+    return torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+
+
 def _runs(valid):
     """Per sequence, the first real key, one past the last and the count."""
     n = valid.shape[1]
@@ -252,7 +257,7 @@ def _padded(q, k, v, m, flash, dense_fallback):
         # real keys, wherever they are (holes too).
         nk = valid.sum(1)
         cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device) * Sq
-        cu_k = torch.nn.functional.pad(nk.cumsum(0, dtype=torch.int32), (1, 0))
+        cu_k = _cumulative(nk)
         out = flash_attn_varlen_func(q.reshape(B * Sq, *q.shape[2:]), k[valid], v[valid], cu_q, cu_k, Sq,
                                      max(int(nk.max()), 1), causal=False, **flash)
         return out.view(B, Sq, *out.shape[1:])
@@ -282,8 +287,8 @@ def _padded(q, k, v, m, flash, dense_fallback):
     cols = torch.arange(Sk, device=k.device)
     q_sel = (rows >= q_lo[:, None]) & (rows < q_hi[:, None])
     k_sel = (cols >= first[:, None]) & (cols < (first + nk)[:, None])
-    cu_q = torch.nn.functional.pad(nq.cumsum(0, dtype=torch.int32), (1, 0))
-    cu_k = torch.nn.functional.pad(nk.cumsum(0, dtype=torch.int32), (1, 0))
+    cu_q = _cumulative(nq)
+    cu_k = _cumulative(nk)
     out = flash_attn_varlen_func(q[q_sel], k[k_sel], v[k_sel], cu_q, cu_k, max(int(nq.max()), 1),
                                  max(int(nk.max()), 1), causal=right == 0, window_size=(left, right), **flash)
     return out.new_zeros(B, Sq, *out.shape[1:]).index_put((q_sel,), out)
