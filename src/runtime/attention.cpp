@@ -1,7 +1,6 @@
 // The high-level entry points: make (or reuse) a plan, provide outputs, run.
 #include "attend/attention.h"
 
-#include <cstring>
 #include <span>
 #include <string>
 
@@ -35,16 +34,13 @@ namespace {
 Device device_of(const Inputs& in) { return in.q.device; }
 
 // An output the caller did not provide. Kernels write every row of every
-// sequence (empty rows included), so dense outputs need no zero-fill, whose
-// page faults cost more than a small kernel; varlen buffers may have rows
-// past cu_seqlens[B] that no kernel touches, and those read as zeros.
+// sequence (empty rows included) and the gate defines the rows of a packed
+// batch past cu_seqlens[B] (detail::define_uncovered_rows), so no output
+// needs a zero-fill, whose page faults cost more than a small kernel.
 Tensor allocate(const AttentionSpec& s, Role role, std::span<const std::int64_t> dims, Device device,
                 Allocator* allocator) {
   Allocator& a = allocator ? *allocator : host_allocator();
-  Tensor t = Tensor::empty(expected_dtype(s, role), dims, device, a);
-  if (s.varlen() && device.is_host())
-    std::memset(t.data(), 0, static_cast<std::size_t>(t.numel()) * size_of(t.view().dtype));
-  return t;
+  return Tensor::empty(expected_dtype(s, role), dims, device, a);
 }
 
 Tensor allocate(const AttentionSpec& s, Role role, Device device, Allocator* allocator) {

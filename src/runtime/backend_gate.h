@@ -10,6 +10,7 @@
 
 #include "attend/backend.h"
 #include "attend/error.h"
+#include "runtime/uncovered_rows.h"
 
 namespace attend::detail {
 
@@ -48,12 +49,15 @@ void with_alloc_errors(std::string_view backend, Pass pass, Fn&& fn) {
 // allocated for the call from `allocator`), then `kernel(args)`, whose own
 // allocation failures become attend::Error. Support was decided before:
 // require_support (Backend's entry) or the selection a plan was made from.
+// Rows of a packed batch outside every sequence are defined here, after any
+// backend's kernel, rather than in each kernel.
 template <class Args, class Kernel>
 void run_gated(std::string_view backend, Pass pass, Args args, std::size_t scratch, Allocator* allocator,
                Kernel&& kernel) {
   const ScopedWorkspace ws(scratch, args.workspace, allocator, args.target.device, backend, pass);
   args.workspace = ws.ws;
   with_alloc_errors(backend, pass, [&] { kernel(args); });
+  define_uncovered_rows(args);
 }
 
 }  // namespace attend::detail
