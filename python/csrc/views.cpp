@@ -45,6 +45,9 @@ TensorView view_of(const py::handle& desc, const std::string& name) {
   }
   // Array libraries give size-1 dims arbitrary strides; attend wants the last one to be 1.
   if (v.shape[ndim - 1] <= 1) v.strides[ndim - 1] = 1;
+  // An empty array addresses nothing, so its strides are free (torch's gradient
+  // of x.sum() for an empty x has every stride 0): the last one reads as 1.
+  if (empty) v.strides[ndim - 1] = 1;
   if (v.strides[ndim - 1] != 1) {
     bad(name + ".strides", text(strides), "the last dimension must be contiguous");
   }

@@ -59,7 +59,9 @@ void check_view(const char* name, const TensorView& t, DType dtype, const Dims& 
     extent = detail::checked_add(extent, detail::checked_mul(t.shape[d] - (t.shape[d] > 0 ? 1 : 0), t.strides[d], name),
                                  name);
   }
-  if (t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1) {
+  // An empty view addresses nothing, so its strides cannot matter (torch's
+  // gradient of x.sum() for an empty x has strides of 0 everywhere).
+  if (!empty && t.ndim > 0 && t.shape[t.ndim - 1] > 1 && t.strides[t.ndim - 1] != 1) {
     throw Error(ErrorCode::invalid_argument, std::string(name) + ".strides[" + std::to_string(t.ndim - 1) + "]",
                 std::to_string(t.strides[t.ndim - 1]), "the last dimension must be contiguous (stride 1)");
   }

@@ -1,5 +1,6 @@
 // What a careless caller can hand the runtime and still get defined results:
-// packed batches with trailing padding rows (issue 36).
+// packed batches with trailing padding rows, empty gradients with zero strides
+// (issue 36).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -167,6 +168,27 @@ TEST(PackedPadding, HighLevelCallsDefineThemAndAccumulationLeavesThemAlone) {
   EXPECT_TRUE(all_equal(dq7, cov_q * p.spec.heads_q * p.spec.head_dim_qk, 7.0));
   EXPECT_TRUE(all_equal(dk7, cov_kv * p.spec.heads_kv * p.spec.head_dim_qk, 7.0));
   EXPECT_TRUE(all_equal(dv7, cov_kv * p.spec.heads_kv * p.spec.head_dim_v, 7.0));
+}
+
+// torch's gradient of x.sum() for an empty x is an expanded tensor with every
+// stride 0; an empty view addresses nothing, so its strides cannot matter.
+TEST(ZeroQueries, BackwardAcceptsAnEmptyDoutWithZeroStridesAndZeroesDkDv) {
+  AttentionSpec s;
+  s.batch = 1;
+  s.seqlen_q = 0;
+  s.seqlen_kv = 5;
+  s.heads_q = 2;
+  s.heads_kv = 2;
+  s.head_dim_qk = 32;
+  s.head_dim_v = 32;
+  const t::Problem p = t::make_problem(s, 3);
+  const ForwardResult r = forward(p.inputs, s, Mode::training);
+  TensorView dout = p.dout.view();
+  dout.strides = {0, 0, 0, 0};
+  const Gradients g = backward(r.ctx, dout);
+  EXPECT_EQ(g.dq.numel(), 0);
+  EXPECT_TRUE(all_equal(g.dk, 0, 0.0));
+  EXPECT_TRUE(all_equal(g.dv, 0, 0.0));
 }
 
 }  // namespace
