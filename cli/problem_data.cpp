@@ -1,14 +1,31 @@
 #include "problem_data.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <limits>
-#include <random>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
+#include "attend/device.h"
 #include "attend/error.h"
 #include "attend/kvcache.h"
 #include "attend/npy.h"
 #include "elements.h"
+#include "kernel/philox.h"
+
+// The block loops below are plain C++ that GCC vectorizes; compiled once per
+// vector width and chosen at load time, they run 16 lanes wide where AVX-512
+// is there. Results do not depend on the clone: every operation is a correctly
+// rounded IEEE one, in the same order (the file is built without FP
+// contraction).
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define ATTEND_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ATTEND_VECTOR_CLONES
+#endif
 
 namespace attend_cli {
 
@@ -31,20 +48,123 @@ Shape token_shape(const AttentionSpec& s, std::int64_t seq, std::int64_t total, 
 
 Shape view_shape(const attend::TensorView& t) { return Shape(t.shape.begin(), t.shape.begin() + t.ndim); }
 
-// Stream `stream` of a seeded generator: each tensor gets its own sequence, so
-// loading q from a file leaves k, v and dout unchanged. Box-Muller over
-// mt19937_64 (both fully specified) gives the same data on every platform.
-void fill_normal(const Tensor& t, std::uint64_t seed, std::uint32_t stream, double mean = 0.0,
-                 double stddev = 1.0) {
-  std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32), stream};
-  std::mt19937_64 gen(seq);
-  const auto uniform = [&] { return (static_cast<double>(gen() >> 11) + 1.0) * 0x1p-53; };  // (0, 1]
-  const std::int64_t n = t.numel();
-  for (std::int64_t i = 0; i < n; i += 2) {
-    const double r = std::sqrt(-2.0 * std::log(uniform()));
-    const double phi = 2.0 * 3.14159265358979323846 * uniform();
-    store(t.data(), t.view().dtype, i, mean + stddev * r * std::cos(phi));
-    if (i + 1 < n) store(t.data(), t.view().dtype, i + 1, mean + stddev * r * std::sin(phi));
+// A block is kLanes Philox counters, 4 * kLanes elements: element j of block
+// b (element 4 kLanes b + j of the tensor) is Box-Muller output j / kLanes of
+// counter kLanes b + j % kLanes — planar, so that the loops read and write
+// whole vectors. Changing kLanes changes the data.
+constexpr std::int64_t kLanes = 64;
+constexpr std::int64_t kBlock = 4 * kLanes;
+// Elements per unit of work for the threads (a multiple of kBlock).
+constexpr std::int64_t kChunk = 64 * kBlock;
+// The counter's last word, so that these streams never meet dropout's
+// (philox.h: counter (col/4, row, head, batch)) for one seed.
+constexpr std::uint32_t kTag = 0x6e6f726du;  // "norm"
+
+// ln x for x in (0, 1], Cephes' logf: x = 2^e m with m in [sqrt(1/2), sqrt(2)),
+// ln m by its degree-9 polynomial in m - 1; about 1 ulp. Branch-free.
+inline float log_unit(float x) {
+  const auto bits = std::bit_cast<std::uint32_t>(x);
+  auto e = static_cast<float>(static_cast<std::int32_t>(bits >> 23) - 126);
+  float m = std::bit_cast<float>((bits & 0x007fffffu) | 0x3f000000u);  // [0.5, 1)
+  const bool low = m < 0.70710678118654752f;
+  e = low ? e - 1.0f : e;
+  m = low ? m + m - 1.0f : m - 1.0f;
+  const float z = m * m;
+  float y = 7.0376836292e-2f;
+  y = y * m - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y = y - 2.12194440e-4f * e;
+  y = y - 0.5f * z;
+  return m + y + 0.693359375f * e;
+}
+
+// sin and cos of x in [-pi/4, pi/4] (Cephes' sinf/cosf polynomials).
+inline float sin_small(float x) {
+  const float z = x * x;
+  return x + x * z * ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f);
+}
+inline float cos_small(float x) {
+  const float z = x * x;
+  return 1.0f - 0.5f * z + z * z * ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f);
+}
+
+// Two standard normals from two random words (Box-Muller): the radius from
+// the first, u in (0, 1] on 24 bits; the angle's quadrant from the second's
+// top 2 bits and its offset within the quadrant from 24 more, so that the
+// polynomials see only [-pi/4, pi/4).
+inline void box_muller(std::uint32_t a, std::uint32_t b, float& z0, float& z1) {
+  const float u = static_cast<float>((a >> 8) + 1u) * 0x1p-24f;
+  const float r = std::sqrt(-2.0f * log_unit(u));
+  const float x = (static_cast<float>((b >> 6) & 0x00ffffffu) * 0x1p-24f - 0.5f) * 1.57079632679489662f;
+  const std::uint32_t q = b >> 30;
+  const float s = sin_small(x), c = cos_small(x);
+  // The angle is q quarter turns + x: rotate (c, s) by q.
+  const float cs = (q & 1u) ? -s : c, sn = (q & 1u) ? c : s;
+  z0 = r * ((q & 2u) ? -cs : cs);
+  z1 = r * ((q & 2u) ? -sn : sn);
+}
+
+ATTEND_VECTOR_CLONES void normal_block(std::uint64_t seed, std::uint32_t stream, std::uint64_t block, float* z) {
+  std::uint32_t w[4][kLanes];
+  const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)};
+  for (std::int64_t j = 0; j < kLanes; ++j) {
+    const std::uint64_t c = block * kLanes + static_cast<std::uint64_t>(j);
+    const auto r = attend::detail::philox4x32(
+        {static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(c >> 32), stream, kTag}, key);
+    w[0][j] = r[0];
+    w[1][j] = r[1];
+    w[2][j] = r[2];
+    w[3][j] = r[3];
+  }
+  for (std::int64_t j = 0; j < kLanes; ++j) {
+    box_muller(w[0][j], w[1][j], z[j], z[kLanes + j]);
+    box_muller(w[2][j], w[3][j], z[2 * kLanes + j], z[3 * kLanes + j]);
+  }
+}
+
+// Elements [0, n) of one block, scaled and rounded to the destination.
+ATTEND_VECTOR_CLONES void store_f32(const float* z, std::int64_t n, float mean, float stddev, float* dst) {
+  for (std::int64_t j = 0; j < n; ++j) dst[j] = mean + stddev * z[j];
+}
+
+ATTEND_VECTOR_CLONES void store_bf16(const float* z, std::int64_t n, float mean, float stddev, std::uint16_t* dst) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    const auto u = std::bit_cast<std::uint32_t>(mean + stddev * z[j]);  // finite: no NaN case
+    dst[j] = static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+ATTEND_VECTOR_CLONES void store_f64(const float* z, std::int64_t n, double mean, double stddev, double* dst) {
+  for (std::int64_t j = 0; j < n; ++j) dst[j] = mean + stddev * static_cast<double>(z[j]);
+}
+
+void store_f16(const float* z, std::int64_t n, float mean, float stddev, std::uint16_t* dst) {
+  for (std::int64_t j = 0; j < n; ++j) dst[j] = float_to_f16(mean + stddev * z[j]);
+}
+
+// Elements [begin, end) of the tensor (begin a multiple of kBlock).
+void fill_range(void* data, DType dtype, std::int64_t begin, std::int64_t end, std::uint64_t seed, std::uint32_t stream,
+                double mean, double stddev) {
+  alignas(64) float z[kBlock];
+  const auto fm = static_cast<float>(mean), fs = static_cast<float>(stddev);
+  for (std::int64_t i = begin; i < end; i += kBlock) {
+    const std::int64_t n = std::min(kBlock, end - i);
+    normal_block(seed, stream, static_cast<std::uint64_t>(i / kBlock), z);
+    switch (dtype) {
+      case DType::f32: store_f32(z, n, fm, fs, static_cast<float*>(data) + i); break;
+      case DType::bf16: store_bf16(z, n, fm, fs, static_cast<std::uint16_t*>(data) + i); break;
+      case DType::f16: store_f16(z, n, fm, fs, static_cast<std::uint16_t*>(data) + i); break;
+      case DType::f64: store_f64(z, n, mean, stddev, static_cast<double*>(data) + i); break;
+      default:
+        for (std::int64_t j = 0; j < n; ++j) store(data, dtype, i + j, mean + stddev * static_cast<double>(z[j]));
+    }
   }
 }
 
@@ -75,9 +195,7 @@ Tensor load_checked(const NpyInput& file, const char* what, DType dtype, const S
 Tensor input(const NpyInput& file, const char* what, DType dtype, const Shape& shape, std::uint64_t seed,
              std::uint32_t stream) {
   if (file.tensor.defined()) return load_checked(file, what, dtype, shape);
-  Tensor t = zeros(dtype, shape);
-  fill_normal(t, seed, stream);
-  return t;
+  return normal_tensor(dtype, shape, seed, stream);
 }
 
 Tensor cu_seqlens(const std::vector<std::int64_t>& lens, const char* what) {
@@ -117,6 +235,27 @@ void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
 }
 
 }  // namespace
+
+void fill_normal(const Tensor& t, std::uint64_t seed, std::uint32_t stream, double mean, double stddev, int threads) {
+  const std::int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
+  void* data = t.data();
+  const DType dtype = t.view().dtype;
+#ifdef _OPENMP
+  if (threads <= 0) threads = omp_get_max_threads();
+  const int nt = static_cast<int>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(chunks, 1)));
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    fill_range(data, dtype, c * kChunk, std::min(n, (c + 1) * kChunk), seed, stream, mean, stddev);
+  }
+}
+
+Tensor normal_tensor(DType dtype, const Shape& shape, std::uint64_t seed, std::uint32_t stream, int threads) {
+  Tensor t =
+      Tensor::empty(dtype, std::span<const std::int64_t>(shape), attend::Device::cpu(), attend::host_allocator());
+  fill_normal(t, seed, stream, 0.0, 1.0, threads);
+  return t;
+}
 
 NpyInput read_npy_input(const std::string& path) {
   if (path.empty()) return {};
@@ -177,8 +316,7 @@ ProblemData make_data(const Problem& p, const DataSources& src) {
   if (src.need_dout)
     d.dout = input(src.dout, "dout", attend::expected_dtype(s, attend::Role::dout), out_shape(s), src.seed, 4);
   if (s.has_bias) {
-    d.bias = zeros(s.dtype, {p.bias_batch, p.bias_heads, s.seqlen_q, s.seqlen_kv});
-    fill_normal(d.bias, src.seed, 5);
+    d.bias = normal_tensor(s.dtype, {p.bias_batch, p.bias_heads, s.seqlen_q, s.seqlen_kv}, src.seed, 5);
   }
   if (s.alibi && src.slopes.tensor.defined()) {
     const Shape got = view_shape(src.slopes.tensor.view());

@@ -30,6 +30,20 @@ attend::Tensor zeros(attend::DType dtype, const Shape& shape);
 attend::Tensor convert(const attend::TensorView& t, attend::DType dtype);
 std::string shape_string(const Shape& shape);
 
+// Seeded normal data, at memory speed: element i of a tensor is a pure
+// function of (seed, stream, i) — Philox4x32-10 (src/kernel/philox.h) on a
+// counter from i, Box-Muller on its words, in f32 — so it is the same for any
+// thread count and any CPU. Writes mean + stddev * N(0, 1) into every element
+// of the contiguous f32, f64, bf16 or f16 tensor t (rounded to nearest even).
+// threads <= 0: OpenMP's count. The radius sqrt(-2 ln u) of 24-bit uniforms
+// ends at 5.77 (a tail of 8e-9 of the normal's mass).
+void fill_normal(const attend::Tensor& t, std::uint64_t seed, std::uint32_t stream, double mean = 0.0,
+                 double stddev = 1.0, int threads = 0);
+// A tensor of standard normals as above, allocated without Tensor::zeros'
+// zero-fill: the threads that fill it take its page faults, in parallel.
+attend::Tensor normal_tensor(attend::DType dtype, const Shape& shape, std::uint64_t seed, std::uint32_t stream,
+                             int threads = 0);
+
 // A .npy input, read once (read_npy_input) so that its shape can fill in the
 // size flags before the data is built. An empty path: seeded random data.
 struct NpyInput {
