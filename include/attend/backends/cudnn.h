@@ -11,9 +11,9 @@
 // The check has two layers, per pass. Rules: cuDNN's documented support as a
 // function of the spec, the pass, the cuDNN version and the compute
 // capability; without a usable device they are evaluated for
-// $ATTEND_CUDNN_TARGET ("sm_90,9.19.0"; default sm_90 and the cuDNN version of
-// the headers attend was built with) and the verdict also carries the
-// [device] reason. Engine: on a device with cuDNN loaded, a pass is supported
+// $ATTEND_CUDNN_TARGET ("sm_90,9.19.0" or "h100"; default sm_90 and the cuDNN
+// version of the headers attend was built with; set_cudnn_target below) and
+// the verdict also carries the [device] reason. Engine: on a device with cuDNN loaded, a pass is supported
 // only when cuDNN builds a plan for that pass's graph (validate,
 // build_operation_graph, create_execution_plans, check_support,
 // build_plans); its message is the [library] reason. Built graphs are cached
@@ -35,11 +35,22 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "attend/backend.h"
 
 namespace attend {
 
 std::shared_ptr<const Backend> make_cudnn_backend();
+
+// The GPU the cudnn backend's check assumes where the process has none (what
+// $ATTEND_CUDNN_TARGET sets): "sm_90[,9.19.0]" for the rules alone; a shipped
+// descriptor, "a100", "h100", "h200" or "b200" (optionally ",9.A.B"), or a
+// descriptor file ("path/gpu.json", as attend-cudnn-descriptor prints one) for
+// the rules and cuDNN's own deviceless verdict on each pass's graph: a plan
+// cuDNN accepts for that descriptor (check_support), not one that has run.
+// Throws attend::Error naming `field` and the text when malformed. Set it
+// before selecting: selections already cached keep their verdicts.
+void set_cudnn_target(std::string_view text, std::string_view field = "cudnn target");
 
 }  // namespace attend

@@ -8,13 +8,17 @@
 #include <cudnn_version.h>
 
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "attend/error.h"
 #include "backends/cuda/cuda_device.h"
+#include "backends/cudnn/cudnn_deviceless.h"
 #include "backends/cudnn/cudnn_engine.h"
 #include "backends/cudnn/cudnn_library.h"
 #include "backends/cudnn/cudnn_rules.h"
+#include "backends/cudnn/cudnn_targets.h"
 #include "runtime/builtin.h"
 
 namespace attend {
@@ -22,16 +26,36 @@ namespace {
 
 constexpr int kHeaderVersion = CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + CUDNN_PATCHLEVEL;
 
-// The target the rules assume where the process has no such device:
-// $ATTEND_CUDNN_TARGET, else sm_90 (H100/H200, the GPUs this project is lent)
-// with the cuDNN release whose headers the build used. Read once.
-const cudnn::RuleTarget& assumed_target() {
-  static const cudnn::RuleTarget t = [] {
-    const char* env = std::getenv("ATTEND_CUDNN_TARGET");
-    if (env && *env) return cudnn::parse_rule_target(env, "ATTEND_CUDNN_TARGET", kHeaderVersion);
-    return cudnn::RuleTarget{90, kHeaderVersion};
-  }();
+// The target the check assumes where the process has no such device:
+// set_cudnn_target's, else $ATTEND_CUDNN_TARGET's, else sm_90 (H100/H200, the
+// GPUs this project is lent) with the cuDNN release whose headers the build
+// used, rules only. The environment is read once.
+std::mutex target_mutex;
+std::shared_ptr<const cudnn::AssumedTarget>& target_slot() {
+  static std::shared_ptr<const cudnn::AssumedTarget> t;
   return t;
+}
+
+std::shared_ptr<const cudnn::AssumedTarget> assumed_target() {
+  const std::lock_guard<std::mutex> lock(target_mutex);
+  std::shared_ptr<const cudnn::AssumedTarget>& t = target_slot();
+  if (!t) {
+    const char* env = std::getenv("ATTEND_CUDNN_TARGET");
+    cudnn::AssumedTarget parsed;
+    parsed.rules = {90, kHeaderVersion};
+    if (env && *env) parsed = cudnn::parse_assumed_target(env, "ATTEND_CUDNN_TARGET", kHeaderVersion);
+    t = std::make_shared<const cudnn::AssumedTarget>(std::move(parsed));
+  }
+  return t;
+}
+
+// Copies `from`'s failures (and, in full detail, its reasons and notes).
+void merge(Support& into, const Support& from) {
+  for (const Reason& r : from.reasons) into.require(false, r.code, r.message);
+  for (int c = 0; c < kReasonCodeCount; ++c)
+    if (from.failed(static_cast<ReasonCode>(c)) && !into.failed(static_cast<ReasonCode>(c)))
+      into.require(false, static_cast<ReasonCode>(c), "");
+  for (const std::string& n : from.notes) into.note(n);
 }
 
 class CudnnBackend final : public Backend {
@@ -47,25 +71,22 @@ class CudnnBackend final : public Backend {
     const bool present = index >= 0 && index < count;
     const cuda::DeviceInfo* info = present ? &cuda::device_info(index) : nullptr;
     const cudnn::Library& lib = cudnn::library();
-    // The rules below still run, for the assumed target the reason names, so
-    // a machine without a GPU shows what cuDNN would say about the problem.
-    sup.require(present, ReasonCode::device, [&] {
-      const cudnn::RuleTarget& t = assumed_target();
-      return "device=" + to_string(target.device) + ": this process has " + std::to_string(count) + " CUDA device(s)" +
-             (why.empty() ? "" : " (" + why + ")") + "; the other reasons are cuDNN's rules for sm_" +
-             std::to_string(t.sm) + " (ATTEND_CUDNN_TARGET=sm_XY[,9.A.B] sets it)";
-    });
+    const std::shared_ptr<const cudnn::AssumedTarget> assumed = assumed_target();
+    const bool real_sm = info && info->error.empty();
+    // The rules: for the device and the loaded cuDNN where there are both,
+    // else for the assumed target (its release where it names one).
+    cudnn::RuleTarget rt = assumed->rules;
+    if (real_sm) rt.sm = info->sm();
+    if (lib.ok() && (real_sm || !assumed->version_given)) rt.version = lib.version;
+    if (!present) {
+      deviceless(s, pass, *assumed, rt, count, why, target, sup);
+      return;
+    }
     if (info) {
       sup.require(info->error.empty(), ReasonCode::device,
                   [&] { return "device=" + to_string(target.device) + ": " + info->error; });
     }
     sup.require(lib.ok(), ReasonCode::library, [&] { return "cuDNN is not loaded: " + lib.error; });
-    // The rules: for the device and the loaded cuDNN where there are both,
-    // else for the assumed target (the note says which).
-    cudnn::RuleTarget rt = assumed_target();
-    const bool real_sm = info && info->error.empty();
-    if (real_sm) rt.sm = info->sm();
-    if (lib.ok()) rt.version = lib.version;
     sup.note([&] {
       return "rules evaluated for sm_" + std::to_string(rt.sm) + (real_sm ? " (the device)" : " (assumed)") +
              " and cuDNN " + cudnn::version_string(rt.version) + (lib.ok() ? " (loaded)" : " (assumed)");
@@ -81,6 +102,43 @@ class CudnnBackend final : public Backend {
           "by the runtime's rules before cuDNN runs (one stream sync per call)");
   }
 
+ private:
+  // No such device: declined for that ([device]), with what cuDNN would say
+  // for the assumed target. The rules run always; cuDNN's own check runs for a
+  // named descriptor, and only where the reasons are shown (Detail::full: the
+  // verdict is no either way, and a graph costs ~0.1 s).
+  static void deviceless(const AttentionSpec& s, Pass pass, const cudnn::AssumedTarget& assumed,
+                         const cudnn::RuleTarget& rt, int count, const std::string& why, const Target& target,
+                         Support& sup) {
+    const cudnn::Library& lib = cudnn::library();
+    Support rules(sup.detail());
+    cudnn::check_rules(s, pass, rt, rules);
+    const bool ask = assumed.deviceless() && sup.detail() == Support::Detail::full && rules.ok() && lib.ok();
+    const bool same_release = lib.ok() && rt.version == lib.version;
+    std::string engine;  // the deviceless verdict: "" accepted
+    if (ask && same_release) engine = cudnn::deviceless_check(s, pass, assumed, lib.version);
+    sup.require(false, ReasonCode::device, [&] {
+      std::string m = "device=" + to_string(target.device) + ": this process has " + std::to_string(count) +
+                      " CUDA device(s)" + (why.empty() ? "" : " (" + why + ")") +
+                      "; the other reasons are cuDNN's rules for sm_" + std::to_string(rt.sm) + " and cuDNN " +
+                      cudnn::version_string(rt.version);
+      if (!assumed.deviceless())
+        return m + " (ATTEND_CUDNN_TARGET or --target: sm_XY[,9.A.B], or a GPU such as h100 for cuDNN's own verdict)";
+      m += " (" + assumed.label + ")";
+      if (ask && same_release && engine.empty())
+        m += "; " + cudnn::deviceless_label(assumed, lib.version) + ": accepted the " + std::string(to_string(pass)) +
+             " graph (check_support passed for the descriptor; no plan was built or run)";
+      if (ask && !same_release)
+        m += "; cuDNN's own check skipped: the target names cuDNN " + cudnn::version_string(rt.version) +
+             ", the loaded library is " + cudnn::version_string(lib.version);
+      return m;
+    });
+    sup.require(lib.ok(), ReasonCode::library, [&] { return "cuDNN is not loaded: " + lib.error; });
+    merge(sup, rules);
+    sup.require(engine.empty(), ReasonCode::library, [&] { return engine; });
+  }
+
+ protected:
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target& target) const override {
     const cuda::DeviceInfo& info = cuda::device_info(target.device.index);
     return cudnn::engine_workspace(s, pass, target.device.index, info.sm());
@@ -100,6 +158,12 @@ class CudnnBackend final : public Backend {
 }  // namespace
 
 std::shared_ptr<const Backend> make_cudnn_backend() { return std::make_shared<CudnnBackend>(); }
+
+void set_cudnn_target(std::string_view text, std::string_view field) {
+  auto parsed = std::make_shared<const cudnn::AssumedTarget>(cudnn::parse_assumed_target(text, field, kHeaderVersion));
+  const std::lock_guard<std::mutex> lock(target_mutex);
+  target_slot() = std::move(parsed);
+}
 
 namespace backends {
 // Above cuda (200): where cuDNN accepts a pass it is the vendor's tensor-core
