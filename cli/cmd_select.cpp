@@ -1,4 +1,5 @@
 // attend select: which backend would run a problem, and why.
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -6,6 +7,7 @@
 
 #include "attend/error.h"
 #include "attend/parallel.h"
+#include "attend/registry.h"
 #include "attend/select.h"
 #include "attend/spec.h"
 #include "commands.h"
@@ -20,6 +22,10 @@ CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd) {
   sub->add_option("--device", cmd.device,
                   "where the tensors would live (cpu, cuda, cuda:N): only backends serving it can run")
       ->capture_default_str();
+  sub->add_option("--target", cmd.target,
+                  "with --device cuda and no GPU here: the GPU the cudnn backend answers for (a100, h100, h200, b200, "
+                  "a descriptor file path.json, or sm_XY for its rules alone; optionally ,9.A.B); a named GPU adds "
+                  "cuDNN's own deviceless verdict (ATTEND_CUDNN_TARGET)");
   add_cp_flags(*sub, cmd.cp, false);
   sub->add_flag("--autotune", cmd.autotune,
                 "choose by measured time (--select autotune): times every viable plan once per shape bucket "
@@ -53,11 +59,25 @@ int explain_cp(const SelectCommand& cmd, const Problem& p) {
   return 0;
 }
 
-}  // namespace
+// --target: the cudnn backend reads ATTEND_CUDNN_TARGET at its first check
+// (the CLI links no backend header, and a build without cudnn has none to
+// call), so the flag sets it for this process before anything is selected.
+void apply_target(const SelectCommand& cmd, const attend::Device& device) {
+  if (cmd.target.empty()) return;
+  if (device.kind != attend::DeviceKind::cuda)
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--target", cmd.target,
+                        "a GPU target applies to --device cuda only");
+  bool cudnn = false;
+  for (const attend::RegisteredBackend& r : attend::Registry::global().backends())
+    cudnn = cudnn || r.backend->name() == "cudnn";
+  if (!cudnn)
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--target", cmd.target,
+                        "this build has no cudnn backend (configure with CUDA, cuDNN and cudnn-frontend)");
+  setenv("ATTEND_CUDNN_TARGET", cmd.target.c_str(), 1);
+}
 
-int run_select(const SelectCommand& cmd) {
+int select_on(const SelectCommand& cmd, const attend::Device& device) {
   Problem p = make_problem(cmd.problem);
-  const attend::Device device = attend::parse_device(cmd.device, "--device");
   if (cmd.autotune) p.policy.strategy = attend::Strategy::autotune;
   if (cmd.cp.enabled()) {
     if (!device.is_host()) {
@@ -91,6 +111,20 @@ int run_select(const SelectCommand& cmd) {
   if (!table.empty() && table.back() != '\n') std::cout << "\n";
   if (table.find("selected: ") == std::string::npos) std::cout << "selected: " << sel.backend->name() << "\n";
   return 0;
+}
+
+}  // namespace
+
+int run_select(const SelectCommand& cmd) {
+  const attend::Device device = attend::parse_device(cmd.device, "--device");
+  apply_target(cmd, device);
+  try {
+    return select_on(cmd, device);
+  } catch (const attend::Error& e) {
+    // The backend parses the target at its first check: name the flag that set it.
+    if (cmd.target.empty() || e.field() != "ATTEND_CUDNN_TARGET") throw;
+    throw attend::Error(e.code(), "--target", e.value(), e.detail());
+  }
 }
 
 }  // namespace attend_cli

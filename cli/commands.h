@@ -27,6 +27,7 @@ struct SelectCommand {
   CpFlags cp;
   bool json = false, autotune = false;
   std::string device = "cpu";  // where the tensors would live: cpu, cuda, cuda:N
+  std::string target;          // the GPU the cudnn backend assumes without one (ATTEND_CUDNN_TARGET)
 };
 CLI::App* add_select_command(CLI::App& app, SelectCommand& cmd);
 int run_select(const SelectCommand& cmd);
