@@ -55,9 +55,15 @@ constexpr HeadDimRow kHeadDims[] = {
 
 // Unequal pairs beyond the table's limits that a release serves in one pass:
 // DeepSeek's 192/128 backward on Blackwell (9.11+), 256/256 backward on
-// Blackwell (9.23+). Hopper's 192/128 is within its 256 limit. MLA's 576/512
-// and 64/512 are served by no bf16/f16 engine of the C++ graph API (the
-// frontend's (256, 512] band is an FP8 / Python-only engine), so no row.
+// Blackwell (9.23+). Hopper's 192/128 is within its 256 limit. MLA's 64/512
+// and 576/512 forward: neither the Developer Guide's table nor the frontend's
+// bf16/f16 surface names them (its (256, 512] band is the FP8 path), but
+// cuDNN itself accepts both forward graphs — with every mask, bias, varlen,
+// paged and sink variant, MHA and GQA — on sm_80, sm_90 and sm_100: seen on
+// cuDNN 9.19.0 deviceless for the A100, H100, H200 and B200 descriptors
+// (tests/backends/cudnn/test_cudnn_deviceless.cpp). From 9.19 only, the
+// first release seen; their backward is refused everywhere ("hidden_dim
+// should be less than or equal to 256"), so no backward row.
 struct HeadDimPair {
   int qk, v;
   int min_sm, max_sm;
@@ -67,6 +73,8 @@ struct HeadDimPair {
 constexpr HeadDimPair kHeadDimPairs[] = {
     {192, 128, 100, kLastSm, 91100, Pass::backward},
     {256, 256, 100, kLastSm, 92300, Pass::backward},
+    {64, 512, 80, kLastSm, 91900, Pass::forward},
+    {576, 512, 80, kLastSm, 91900, Pass::forward},
 };
 
 // ---- features ---------------------------------------------------------------

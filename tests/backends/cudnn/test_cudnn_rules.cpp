@@ -1,7 +1,8 @@
 // The cudnn backend's rule layer (src/backends/cudnn/cudnn_rules.h), without a
 // GPU: every reason it can give, per pass, for the architectures and cuDNN
 // releases its tables distinguish, and the seed cases of the selector's origin
-// (head dims 192/128 and 64/512, training vs inference).
+// (head dims 192/128 and 64/512, training vs inference; cuDNN's own verdicts on
+// them are in test_cudnn_deviceless.cpp).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -98,20 +99,25 @@ TEST(CudnnRules, SeedCase192And128TrainsOnHopperButOnlyInfersOnAmpere) {
   EXPECT_TRUE(declines(s, Pass::backward, ReasonCode::head_dim_qk, "192", RuleTarget{100, 91002}));
 }
 
-TEST(CudnnRules, SeedCase64And512IsDeclinedForTrainingAndInference) {
+// cuDNN 9.19's own verdict (deviceless, for the A100, H100/H200 and B200
+// descriptors): MLA's 64/512 and 576/512 run forward, never backward.
+TEST(CudnnRules, SeedCase64And512InfersFrom919ButNeverTrains) {
   const AttentionSpec s = base(64, 512);
   for (RuleTarget t : {kAmpere, kHopper, kBlackwell}) {
-    EXPECT_TRUE(declines(s, Pass::forward, ReasonCode::head_dim_v, "head_dim_v=512", t));
+    EXPECT_TRUE(accepts(s, Pass::forward, t));
     EXPECT_TRUE(declines(s, Pass::backward, ReasonCode::head_dim_v, "head_dim_v=512", t));
-    EXPECT_FALSE(rules(s, Pass::forward, t).failed(ReasonCode::head_dim_qk));
+    EXPECT_TRUE(declines(s, Pass::forward, ReasonCode::head_dim_v, "forward limit 256", RuleTarget{t.sm, 91801}));
   }
 }
 
-TEST(CudnnRules, MlaHeadDims576And512AreDeclinedOnBothDims) {
-  const Support sup = rules(base(576, 512), Pass::forward);
+TEST(CudnnRules, MlaHeadDims576And512InferFrom919AndDeclineBothDimsBefore) {
+  EXPECT_TRUE(accepts(base(576, 512), Pass::forward, kHopper));
+  const Support sup = rules(base(576, 512), Pass::forward, RuleTarget{90, 91801});
   EXPECT_TRUE(sup.failed(ReasonCode::head_dim_qk)) << sup.to_string();
   EXPECT_TRUE(sup.failed(ReasonCode::head_dim_v)) << sup.to_string();
-  EXPECT_TRUE(declines(base(576, 512), Pass::forward, ReasonCode::head_dim_qk, "forward limit 256"));
+  EXPECT_TRUE(declines(base(576, 512), Pass::backward, ReasonCode::head_dim_qk, "backward limit 256"));
+  // Only the pairs cuDNN was seen to accept: 512/512 stays beyond the limit.
+  EXPECT_TRUE(declines(base(512, 512), Pass::forward, ReasonCode::head_dim_qk, "forward limit 256"));
 }
 
 TEST(CudnnRules, HeadDims256ByArchitectureAndRelease) {
