@@ -24,6 +24,7 @@
 
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
+#include "backends/flash/softmax_pairs.h"
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
@@ -98,6 +99,10 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
 
   const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
   const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
+  // The units of the scores and of row_max: raw QK^T when only the mask acts
+  // on them and the scale is positive (max commutes with it), else logits.
+  const bool raw = plain && p.scale > 0;
+  const float to_log2 = (raw ? p.scale : 1.0f) * cpu::kLog2e;
   const __mmask16 dv_tail = static_cast<__mmask16>((1u << (dv % 16)) - 1u);
   for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
     const std::int64_t n = std::min(BN, last.end - j0), np = (n + 1) / 2;
@@ -146,39 +151,52 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
                                 BM, st + u * BM + cu, BM, false);
       }
     }
-    const V vscale = S::set1(p.scale);
-    for (std::int64_t j = 0; j < n; ++j) {
-      for (std::int64_t c = c0; c < c1; c += S::W) S::store(st + j * BM + c, S::mul(S::load(st + j * BM + c), vscale));
+    // Raw scores (no scaling pass) where nothing but the mask acts on them:
+    // softmax_to_pairs folds the scale into its exponent (softmax_pairs.h).
+    if (!raw) {
+      const V vscale = S::set1(p.scale);
+      for (std::int64_t j = 0; j < n; ++j) {
+        for (std::int64_t c = c0; c < c1; c += S::W)
+          S::store(st + j * BM + c, S::mul(S::load(st + j * BM + c), vscale));
+      }
     }
-
     const Tile tile{b, h, i0 + c0, mc, j0, n, span, st + c0, BM, true, n, c1 - c0};
     if (!(plain && interior)) finish_logits<S, bf16_t>(p, tile, nullptr);
 
-    online_softmax_step<S>(st, BM, n, c0, c1, row_max, row_sum, alpha);
-    if constexpr (kAmx) {
-      for (std::int64_t d = 0; d < dvp; ++d) {
-        for (std::int64_t c = 0; c < mp; c += S::W) S::store(acc + d * BM + c, S::mul(S::load(acc + d * BM + c), S::load(alpha + c)));
-      }
-    } else {
-      for (std::int64_t r = c0; r < c0 + mc; ++r) {
-        if (alpha[r] == 1.0f) continue;
-        const V a = S::set1(alpha[r]);
-        for (std::int64_t d = 0; d < dvp; d += S::W) S::store(acc + r * dvp + d, S::mul(S::load(acc + r * dvp + d), a));
-      }
-    }
-    if (p.dropout) apply_dropout(p, tile);
-
-    // P^T rows (keys) 2p and 2p+1 -> word pairs per query, rounded to bf16.
-    for (std::int64_t pp = 0; pp < np; ++pp) {
-      const float* lo = st + 2 * pp * BM;
-      const float* hi = 2 * pp + 1 < n ? lo + BM : nullptr;
-      for (std::int64_t c = c0; c < c1; c += S::W) {
-        const __m512 h16 = hi ? _mm512_loadu_ps(hi + c) : _mm512_setzero_ps();
-        _mm512_storeu_si512(pt2 + pp * BM + c, pack_pairs(_mm512_loadu_ps(lo + c), h16));
+    // A NaN or infinite v would reach masked queries through the GEMM
+    // (nonfinite_tile.h): visible_pv then reads the f32 P, as dropout does.
+    const bool v_finite =
+        rows_finite<S, bf16_t>(n, dv, [&](std::int64_t j) { return p.v_row<bf16_t>(b, span, j0 + j, hk); });
+    float* keep_p = (p.dropout || !v_finite) ? st : nullptr;
+    if (softmax_to_pairs(st, BM, n, c0, c1, to_log2, row_max, row_sum, alpha, pt2, BM, keep_p)) {
+      if constexpr (kAmx) {
+        for (std::int64_t c = 0; c < mp; c += S::W) {
+          const V a = S::load(alpha + c);
+          if (_mm512_cmp_ps_mask(a, S::set1(1.0f), _CMP_NEQ_UQ) == 0) continue;
+          for (std::int64_t d = 0; d < dvp; ++d) S::store(acc + d * BM + c, S::mul(S::load(acc + d * BM + c), a));
+        }
+      } else {
+        for (std::int64_t r = c0; r < c0 + mc; ++r) {
+          if (alpha[r] == 1.0f) continue;
+          const V a = S::set1(alpha[r]);
+          for (std::int64_t d = 0; d < dvp; d += S::W)
+            S::store(acc + r * dvp + d, S::mul(S::load(acc + r * dvp + d), a));
+        }
       }
     }
-    // A NaN or infinite v would reach masked queries through the GEMM (nonfinite_tile.h).
-    if (!rows_finite<S, bf16_t>(n, dv, [&](std::int64_t j) { return p.v_row<bf16_t>(b, span, j0 + j, hk); })) {
+    if (p.dropout) {
+      // Dropout acts on P after the sums, then P is rounded to pairs again.
+      apply_dropout(p, tile);
+      for (std::int64_t pp = 0; pp < np; ++pp) {
+        const float* lo = st + 2 * pp * BM;
+        const float* hi = 2 * pp + 1 < n ? lo + BM : nullptr;
+        for (std::int64_t c = c0; c < c1; c += S::W) {
+          const __m512 h16 = hi ? _mm512_loadu_ps(hi + c) : _mm512_setzero_ps();
+          _mm512_storeu_si512(pt2 + pp * BM + c, pack_pairs(_mm512_loadu_ps(lo + c), h16));
+        }
+      }
+    }
+    if (!v_finite) {
       visible_pv<S, bf16_t>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, kAmx ? 1 : dvp, kAmx ? BM : 1);
     } else if constexpr (kAmx) {
       // V^T as pairs of keys: vt[d][p] = (v[2p][d], v[2p+1][d]), built 16 x 16
@@ -214,6 +232,9 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
 
   // The row ends take the softmax state's place (alpha's is free now).
   const float *lse = row_max, *inv = row_sum, *empty = alpha;
+  if (raw) {
+    for (std::int64_t r = 0; r < m; ++r) row_max[r] *= p.scale;
+  }
   finish_rows<S>(m, p.sinks(h), row_max, row_sum, alpha);
   for (std::int64_t r = 0; r < m; ++r) {
     const std::int64_t row = span.q_begin + i0 + r;

@@ -142,6 +142,33 @@ INSTANTIATE_TEST_SUITE_P(Cases, FlashHalf,
                                   std::string(to_string(std::get<1>(param_info.param)));
                          });
 
+// Scores that grow from key block to key block, by less than the lazy max's
+// threshold (2^8) in some blocks and far more in others: the bf16 forward's
+// reference max then stays for some blocks and moves for others
+// (softmax_pairs.h), and O and the LSE must still meet the baseline, causal
+// or not.
+TEST(FlashHalfLazyMax, GrowingScoresAcrossKeyBlocksMeetTheBaseline) {
+  for (const bool causal : {false, true}) {
+    AttentionSpec s = base(300, 700, 64, 64);
+    s.causal = causal;
+    s.heads_q = 4;
+    testing::Problem p = testing::make_problem(s, 24);
+    // Key j's row scaled by 1 + j / 300: the row maxima (~3 at first) grow
+    // ~2 log2 units per 128-key block, so the reference moves every few blocks.
+    float* k = p.k.as<float>();
+    const std::int64_t row = s.heads_kv * s.head_dim_qk;
+    for (std::int64_t j = 0; j < s.seqlen_kv; ++j) {
+      for (std::int64_t e = 0; e < row; ++e) k[j * row + e] *= 1.0f + static_cast<float>(j) / 300.0f;
+    }
+    const testing::Problem half = testing::problem_as(p, DType::bf16);
+    const auto flash = make_flash_backend();
+    const testing::PassResults got = testing::run_backend(*flash, half, false);
+    const testing::HalfBaseline b = testing::half_baseline(half, testing::problem_as(half, DType::f64), false);
+    SCOPED_TRACE(causal ? "causal" : "full");
+    testing::expect_half_results(got, b, DType::bf16, false);
+  }
+}
+
 // Kernels read exactly the rows' elements: NaNs right after each row (where a
 // padded pair or a vector tail could reach) change no bit of any result.
 TEST(FlashHalfStrided, ValuesBetweenRowsNeverReachResults) {
