@@ -179,6 +179,9 @@ class Runner {
     r.timing = time_it(fn, opt_.timing);
     r.gflops = static_cast<double>(r.flops) / r.timing.best_s / 1e9;
     r.vs_sgemm = report_.header.sgemm.gflops > 0.0 ? r.gflops / report_.header.sgemm.gflops : 0.0;
+    if (s.dtype == DType::bf16 && report_.header.bf16_gemm.measured()) {
+      r.vs_bf16_gemm = r.gflops / report_.header.bf16_gemm.gflops;
+    }
     if (opt_.progress != nullptr) {
       char buf[96];
       std::snprintf(buf, sizeof buf, " %.3f ms, %.1f GFLOP/s (%d reps)\n", r.timing.best_s * 1e3, r.gflops,
@@ -318,7 +321,7 @@ Inputs ProblemTensors::inputs() const {
   return in;
 }
 
-Header make_header(const SgemmPeak& sgemm) {
+Header make_header(const SgemmPeak& sgemm, const Bf16GemmPeak& bf16_gemm) {
   Header h;
   h.threads = omp_get_max_threads();
   h.blas_threads = blas_threads();
@@ -326,6 +329,7 @@ Header make_header(const SgemmPeak& sgemm) {
   h.blas_config = blas_config();
   h.blas_pinned = blas_pinning(std::getenv("OPENBLAS_CORETYPE"), std::getenv("OPENBLAS_L2_SIZE"));
   h.sgemm = sgemm;
+  h.bf16_gemm = bf16_gemm;
   return h;
 }
 

@@ -16,6 +16,7 @@
 #include "attend/kvcache.h"
 #include "attend/spec.h"
 #include "attend/tensor.h"
+#include "bf16_gemm_peak.h"
 #include "sgemm_peak.h"
 #include "timing.h"
 
@@ -77,9 +78,10 @@ struct Header {
   // pick for this CPU and every vs_sgemm ratio says so. Empty: not pinned.
   std::string blas_pinned;
   SgemmPeak sgemm;
+  Bf16GemmPeak bf16_gemm;  // the bf16 rows' ceiling (vs_bf16_gemm); may be unmeasured
 };
-// Fills everything but `sgemm` from the running process.
-Header make_header(const SgemmPeak& sgemm);
+// Fills everything but the peaks from the running process.
+Header make_header(const SgemmPeak& sgemm, const Bf16GemmPeak& bf16_gemm = {});
 // The blas_pinned text for these variable values (null: unset).
 std::string blas_pinning(const char* coretype, const char* l2_size);
 
@@ -99,6 +101,9 @@ struct Row {
   double vs_unfused = std::numeric_limits<double>::quiet_NaN();  // unfused best / this best (same
                                                                   // problem and pass); NaN: not measured
   std::size_t extra_bytes = 0; // flash/reference: workspace_bytes; unfused: extra_bytes(pass)
+  // bf16 rows: gflops / header.bf16_gemm.gflops; NaN for other dtypes or
+  // without a measured bf16 peak.
+  double vs_bf16_gemm = std::numeric_limits<double>::quiet_NaN();
   bool noisy() const { return timing.median_s > kNoisySpread * timing.best_s; }
 };
 

@@ -93,6 +93,7 @@ std::vector<Field> row_fields(const Row& r) {
       {"vs_unfused", std::isnan(r.vs_unfused) ? std::string() : exact(r.vs_unfused), true},
       {"extra_bytes", std::to_string(r.extra_bytes), true},
       {"extra_mib", exact(static_cast<double>(r.extra_bytes) / kMiB), true},
+      {"vs_bf16_gemm", std::isnan(r.vs_bf16_gemm) ? std::string() : exact(r.vs_bf16_gemm), true},
   };
 }
 
@@ -103,7 +104,10 @@ std::vector<Field> header_fields(const Header& h) {
       {"flash_isa", h.flash_isa, false},
       {"sgemm_n", std::to_string(h.sgemm.n), true},
       {"sgemm_gflops", exact(h.sgemm.gflops), true},
-      {"blas_config", trimmed(h.blas_config), false},
+      {"bf16_gemm_n", std::to_string(h.bf16_gemm.n), true},
+      {"bf16_gemm_gflops", h.bf16_gemm.measured() ? exact(h.bf16_gemm.gflops) : std::string(), true},
+      {"bf16_gemm_impl", h.bf16_gemm.impl, false},
+      {"blas_config", trimmed(h.blas_config), false},  // free text: last
   };
 }
 
@@ -133,6 +137,13 @@ void print_report(std::ostream& os, const Report& report) {
      << "sgemm_peak: " << fmt("%.1f", h.sgemm.gflops) << " GFLOP/s (n=" << h.sgemm.n << ", best of " << h.sgemm.reps
      << ", " << fmt("%.3f", h.sgemm.best_s * 1e3) << " ms)"
      << (h.blas_pinned.empty() ? "" : " [pinned: " + h.blas_pinned + "]") << "\n";
+  if (h.bf16_gemm.measured()) {
+    os << "bf16_gemm_peak: " << fmt("%.1f", h.bf16_gemm.gflops) << " GFLOP/s (n=" << h.bf16_gemm.n << ", best of "
+       << h.bf16_gemm.reps << ", " << fmt("%.3f", h.bf16_gemm.best_s * 1e3) << " ms, oneDNN " << h.bf16_gemm.impl
+       << ")\n";
+  } else if (!h.bf16_gemm.impl.empty()) {
+    os << "bf16_gemm_peak: - (" << h.bf16_gemm.impl << ")\n";
+  }
   if (!h.blas_pinned.empty()) {
     os << "warning: OpenBLAS is pinned by " << h.blas_pinned
        << ": the sgemm baseline (and unfused) run that kernel, not the one OpenBLAS picks for this CPU, so "
@@ -141,15 +152,17 @@ void print_report(std::ostream& os, const Report& report) {
 
   std::size_t problem_width = 28;
   for (const Row& r : report.rows) problem_width = std::max(problem_width, r.problem.size());
-  os << pad("problem", problem_width, true) << "  " << pad("impl", 9, true) << " " << pad("pass", 8, true)
-     << " " << pad("ms", 11, false) << " " << pad("GFLOP/s", 9, false) << " " << pad("vs_sgemm", 8, false) << " "
-     << pad("vs_unfused", 10, false) << " " << pad("extra_MiB", 10, false) << "\n";
+  os << pad("problem", problem_width, true) << "  " << pad("impl", 9, true) << " " << pad("pass", 8, true) << " "
+     << pad("ms", 11, false) << " " << pad("GFLOP/s", 9, false) << " " << pad("vs_sgemm", 8, false) << " "
+     << pad("vs_unfused", 10, false) << " " << pad("extra_MiB", 10, false) << " " << pad("vs_bf16gemm", 11, false)
+     << "\n";
   for (const Row& r : report.rows) {
     os << pad(r.problem, problem_width, true) << "  " << pad(std::string(to_string(r.impl)), 9, true) << " "
        << pad(std::string(to_string(r.pass)), 8, true) << " " << pad(fmt("%.3f", r.timing.best_s * 1e3), 11, false)
        << " " << pad(fmt("%.1f", r.gflops), 9, false) << " " << pad(fmt("%.2f", r.vs_sgemm), 8, false) << " "
        << pad(std::isnan(r.vs_unfused) ? "-" : fmt("%.2f", r.vs_unfused), 10, false) << " "
-       << pad(fmt("%.2f", static_cast<double>(r.extra_bytes) / kMiB), 10, false) << "\n";
+       << pad(fmt("%.2f", static_cast<double>(r.extra_bytes) / kMiB), 10, false) << " "
+       << pad(std::isnan(r.vs_bf16_gemm) ? "-" : fmt("%.2f", r.vs_bf16_gemm), 11, false) << "\n";
   }
   for (const std::string& note : report.notes) os << "note: " << note << "\n";
   for (const Row& r : report.rows) {

@@ -1,6 +1,7 @@
 // attend bench: flash against the unfused OpenBLAS baseline (and optionally the
 // reference) on a sweep of problems, next to a measured sgemm peak, all in one
 // process. The harness, the baseline and the output format live in bench/.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "attend/error.h"
+#include "bench/bf16_gemm_peak.h"
 #include "bench/harness.h"
 #include "bench/report.h"
 #include "bench/sgemm_peak.h"
@@ -165,8 +167,10 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd) {
           },
           "SECONDS"))
       ->group(g)->capture_default_str();
-  sub->add_option("--sgemm-n", cmd.sgemm_n, "size of the n x n x n sgemm that measures the peak")
-      ->check(int_in_range(1, 16384))->group(g)->capture_default_str();
+  sub->add_option("--sgemm-n", cmd.sgemm_n, "size of the n x n x n sgemm (and bf16 GEMM) that measure the peaks")
+      ->check(int_in_range(1, 16384))
+      ->group(g)
+      ->capture_default_str();
   sub->add_option("--data-seed", cmd.data_seed, "seed of the random inputs")->check(non_negative_int())
       ->group(g)->capture_default_str();
   sub->add_flag("--summary", cmd.summary, "print the target ratios after the table (implied with no problem flags)")
@@ -239,8 +243,18 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
   char buf[64];
   std::snprintf(buf, sizeof buf, " %.1f GFLOP/s\n", peak.gflops);
   *cmd.progress << buf << std::flush;
+  // The bf16 rows' ceiling, measured only when there are bf16 rows.
+  ab::Bf16GemmPeak bf16_peak;
+  const bool any_bf16 = std::any_of(problems.begin(), problems.end(),
+                                    [](const attend::AttentionSpec& s) { return s.dtype == attend::DType::bf16; });
+  if (any_bf16) {
+    *cmd.progress << "measuring the bf16 GEMM peak (n=" << cmd.sgemm_n << ") ..." << std::flush;
+    bf16_peak = ab::measure_bf16_gemm_peak(cmd.sgemm_n, sgemm_timing);
+    std::snprintf(buf, sizeof buf, " %.1f GFLOP/s\n", bf16_peak.gflops);
+    *cmd.progress << buf << std::flush;
+  }
 
-  const ab::Report report = ab::run_benchmarks(problems, opt, ab::make_header(peak));
+  const ab::Report report = ab::run_benchmarks(problems, opt, ab::make_header(peak, bf16_peak));
   std::ostream& out = *cmd.out;
   ab::print_report(out, report);
   print_dtype_ratios(out, report);

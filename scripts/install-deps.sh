@@ -20,6 +20,7 @@ extras=(
   libgtest-dev libgmock-dev      # GoogleTest / GoogleMock
   libbenchmark-dev               # Google Benchmark
   libopenblas-dev                # sgemm baseline for benchmarks
+  libdnnl-dev                    # oneDNN: the bf16 GEMM baseline for benchmarks
   libopenmpi-dev openmpi-bin     # context parallelism (src/parallel/ MPI engine, its tests)
   # The Python package (python/): its extension builds with pybind11 for
   # /usr/bin/python3 (no libtorch); the tests use Debian's torch 1.13 there, and

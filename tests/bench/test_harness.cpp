@@ -215,6 +215,45 @@ TEST(BenchReport, RowsWhoseMedianIsFarAboveTheBestAreFlagged) {
   EXPECT_EQ(os.str().find("noisy: calm"), std::string::npos);
 }
 
+// bf16 rows are measured against the bf16 GEMM peak as well; other dtypes
+// and runs without a measured peak carry none.
+TEST(BenchHarness, Bf16RowsCarryTheirRatioToTheBf16GemmPeak) {
+  ab::HarnessOptions o = fast_options({ab::Impl::flash});
+  o.passes = {Pass::forward};
+  AttentionSpec bf16 = tiny();
+  bf16.dtype = attend::DType::bf16;
+  ab::Header h = fake_header();
+  h.bf16_gemm.n = 64;
+  h.bf16_gemm.gflops = 50.0;
+  h.bf16_gemm.best_s = 1e-3;
+  h.bf16_gemm.reps = 5;
+  h.bf16_gemm.impl = "test:impl";
+  const ab::Report r = ab::run_benchmarks({tiny(), bf16}, o, h);
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_TRUE(std::isnan(r.rows[0].vs_bf16_gemm));
+  EXPECT_DOUBLE_EQ(r.rows[1].vs_bf16_gemm, r.rows[1].gflops / 50.0);
+  std::ostringstream table;
+  ab::print_report(table, r);
+  EXPECT_NE(table.str().find("bf16_gemm_peak: 50.0 GFLOP/s (n=64, best of 5, 1.000 ms, oneDNN test:impl)"),
+            std::string::npos)
+      << table.str();
+  EXPECT_NE(table.str().find("vs_bf16gemm"), std::string::npos);
+
+  const ab::Report unmeasured = ab::run_benchmarks({bf16}, o, fake_header());
+  ASSERT_EQ(unmeasured.rows.size(), 1u);
+  EXPECT_TRUE(std::isnan(unmeasured.rows[0].vs_bf16_gemm));
+}
+
+TEST(BenchHarness, Bf16GemmPeakRejectsAnEmptyProblemByName) {
+  try {
+    (void)ab::measure_bf16_gemm_peak(0);
+    FAIL() << "n = 0 accepted";
+  } catch (const attend::Error& e) {
+    EXPECT_EQ(e.field(), "bf16_gemm_n");
+    EXPECT_EQ(e.value(), "0");
+  }
+}
+
 TEST(BenchHarness, TableCsvAndJsonCarryTheDocumentedFields) {
   ab::HarnessOptions o = fast_options({ab::Impl::flash, ab::Impl::unfused});
   const ab::Report r = ab::run_benchmarks({tiny()}, o, fake_header());
@@ -223,7 +262,8 @@ TEST(BenchHarness, TableCsvAndJsonCarryTheDocumentedFields) {
   EXPECT_NE(table.str().find("sgemm_peak: 100.0 GFLOP/s (n=64"), std::string::npos) << table.str();
   EXPECT_NE(table.str().find("flash_isa: "), std::string::npos);
   EXPECT_NE(table.str().find("blas_config: OpenBLAS test"), std::string::npos);
-  for (const char* column : {"problem", "impl", "pass", "ms", "GFLOP/s", "vs_sgemm", "vs_unfused", "extra_MiB"}) {
+  for (const char* column :
+       {"problem", "impl", "pass", "ms", "GFLOP/s", "vs_sgemm", "vs_unfused", "extra_MiB", "vs_bf16gemm"}) {
     EXPECT_NE(table.str().find(column), std::string::npos) << column;
   }
 
