@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -22,9 +23,12 @@
 #include "attend/backends/cudnn.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/device_problem.h"
+#include "backends/cudnn/cudnn_deviceless.h"
 #include "backends/cudnn/cudnn_engine.h"
 #include "backends/cudnn/cudnn_library.h"
 #include "backends/cudnn/cudnn_rules.h"
+#include "backends/cudnn/cudnn_sweep_cases.h"
+#include "backends/cudnn/cudnn_targets.h"
 #include "backends/cudnn/cudnn_test_spec.h"
 #include "support/half_baseline.h"
 
@@ -108,48 +112,18 @@ bool engine_available(std::string* why) {
   return true;
 }
 
-struct SweepCase {
-  std::string name;
-  AttentionSpec spec;
-};
-
-std::vector<SweepCase> sweep_cases() {
-  std::vector<SweepCase> cases;
-  const std::pair<std::int64_t, std::int64_t> dims[] = {{64, 64},   {128, 128}, {192, 128},
-                                                        {256, 256}, {64, 512},  {576, 512}};
-  const char* features[] = {"plain", "causal", "window", "bias", "varlen", "paged", "causal_sq<sk"};
-  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
-    for (const auto& [dqk, dv] : dims) {
-      for (const char* f : features) {
-        for (std::int64_t kv : {8, 2}) {
-          AttentionSpec s = bf16_spec(dqk, dv);
-          s.dtype = dt;
-          s.heads_kv = kv;
-          const std::string feature = f;
-          if (feature == "causal") s.causal = true;
-          if (feature == "window") s.window_left = 64;
-          if (feature == "bias") s.has_bias = true;
-          if (feature == "causal_sq<sk") {
-            s.causal = true;
-            s.seqlen_q = 128;
-          }
-          if (feature == "varlen") {
-            s.layout = Layout::thd;
-            s.causal = true;
-            s.total_q = s.total_kv = s.batch * s.seqlen_q;
-          }
-          if (feature == "paged") {
-            s.seqlen_q = 1;
-            s.kv_page_size = 64;
-          }
-          const std::string name = std::string(to_string(dt)) + " d=" + std::to_string(dqk) + "/" + std::to_string(dv) +
-                                   " " + feature + (kv == 8 ? "" : " gqa");
-          cases.push_back({name, s});
-        }
-      }
-    }
+// The descriptor the on-device sweep compares with (see the sweep).
+std::optional<cudnn::AssumedTarget> compare_target(const cuda::DeviceInfo& info) {
+  const char* env = std::getenv("ATTEND_CUDNN_COMPARE_TARGET");
+  const int version = cudnn::library().version;
+  if (env && *env) return cudnn::parse_assumed_target(env, "ATTEND_CUDNN_COMPARE_TARGET", version);
+  const cudnn::DeviceDescriptor* best = nullptr;
+  for (const cudnn::DeviceDescriptor& d : cudnn::shipped_targets()) {
+    if (d.sm() != info.sm()) continue;
+    if (!best || info.name.find(std::string(d.device_name).substr(7)) != std::string::npos) best = &d;
   }
-  return cases;
+  if (!best) return std::nullopt;
+  return cudnn::parse_assumed_target(best->key, "shipped target", version);
 }
 
 TEST(CudnnDevice, RulesNeverAcceptWhatCudnnRefuses) {
@@ -159,17 +133,26 @@ TEST(CudnnDevice, RulesNeverAcceptWhatCudnnRefuses) {
   const cudnn::RuleTarget target{info.sm(), cudnn::library().version};
   std::printf("rule-vs-engine sweep on %s (sm_%d), cuDNN %s\n", info.name.c_str(), target.sm,
               cudnn::version_string(target.version).c_str());
-  std::printf("%-36s %-9s %-6s %-7s %s\n", "case", "pass", "rules", "engine", "first reason");
+  // The deviceless verdict for the same case, side by side (issue 35): the
+  // descriptor ATTEND_CUDNN_COMPARE_TARGET names (the device's own, as
+  // attend-cudnn-descriptor captured it), else the shipped one of this
+  // compute capability. On-device also builds the plan, so "engine yes,
+  // deviceless no" is the only disagreement that questions the descriptor.
+  const std::optional<cudnn::AssumedTarget> compare = compare_target(info);
+  if (compare) std::printf("deviceless column: %s\n", cudnn::deviceless_label(*compare, target.version).c_str());
+  std::printf("%-36s %-9s %-6s %-7s %-10s %s\n", "case", "pass", "rules", "engine", "deviceless", "first reason");
+  int compared = 0, differ = 0;
   // cuDNN may compile kernels while it builds plans (seconds each): a budget
   // (ATTEND_CUDNN_SWEEP_SECONDS, default 200) keeps the run within the device
   // script's step, and what it did not reach is reported, never passed over.
   const char* budget_env = std::getenv("ATTEND_CUDNN_SWEEP_SECONDS");
   const double budget = budget_env && *budget_env ? std::atof(budget_env) : 200.0;
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<SweepCase> cases = sweep_cases();
+  const std::vector<testing::SweepCase> cases =
+      testing::cudnn_sweep_cases({DType::bf16, DType::f16, DType::f32}, false);
   int loose = 0, strict = 0, agree = 0;
   std::size_t reached = 0;
-  for (const SweepCase& c : cases) {
+  for (const testing::SweepCase& c : cases) {
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > budget) break;
     ++reached;
     for (Pass pass : {Pass::forward, Pass::backward}) {
@@ -185,8 +168,18 @@ TEST(CudnnDevice, RulesNeverAcceptWhatCudnnRefuses) {
       if (!r && e) ++strict;
       if (r == e) ++agree;
       const std::string reason = !r ? rules.reasons.front().message : engine;
-      std::printf("%-36s %-9s %-6s %-7s %s  %s\n", c.name.c_str(), std::string(to_string(pass)).c_str(),
-                  r ? "yes" : "no", e ? "yes" : "no", verdict, reason.substr(0, 160).c_str());
+      std::string deviceless = "-";
+      if (compare && c.spec.dtype != DType::f32) {
+        const bool d = cudnn::deviceless_check(c.spec, pass, *compare, target.version).empty();
+        deviceless = d ? "yes" : "no";
+        ++compared;
+        if (d != e) {
+          ++differ;
+          deviceless += "(DIFFERS)";
+        }
+      }
+      std::printf("%-36s %-9s %-6s %-7s %-10s %s  %s\n", c.name.c_str(), std::string(to_string(pass)).c_str(),
+                  r ? "yes" : "no", e ? "yes" : "no", deviceless.c_str(), verdict, reason.substr(0, 160).c_str());
       std::fflush(stdout);  // a step killed by its timeout keeps the lines so far
       EXPECT_FALSE(r && !e) << c.name << " " << to_string(pass) << ": the rules accept, cuDNN refuses: " << engine;
     }
@@ -195,6 +188,9 @@ TEST(CudnnDevice, RulesNeverAcceptWhatCudnnRefuses) {
                                    << " cases not reached within " << budget << " s (ATTEND_CUDNN_SWEEP_SECONDS)";
   std::printf("sweep: %d agree, %d rule-yes/engine-no, %d rules too strict; %zu graphs cached\n", agree, loose, strict,
               cudnn::engine_cache_size());
+  if (compare)
+    std::printf("on-device vs deviceless (%s): %d graphs compared, %d differ\n", compare->label.c_str(), compared,
+                differ);
 }
 
 // The conformance cases on cudnn in bf16 and f16, where its check accepts.
