@@ -4,7 +4,8 @@
 # test dependencies). Build first, then run this there with the carried paths:
 #
 #   bash scripts/build.sh && bash scripts/cuda-device-check.sh --stage
-#   device run: carry build/tests/test_cuda build/tests/test_cudnn build/bench/cuda_bench .devlib
+#   device run: carry build/tests/test_cuda build/tests/test_cudnn build/tests/test_cudnn_deviceless
+#               build/src/backends/cudnn/attend-cudnn-descriptor build/bench/cuda_bench .devlib
 #               command: bash scripts/cuda-device-check.sh [all|cuda|cudnn|bench]
 #
 # --stage copies the shared libraries the binaries need beyond glibc and
@@ -17,9 +18,15 @@
 # 4 min, cudnn 7.5 min (plan builds may compile kernels), bench 7 min, so with
 # a 10-minute limit per device command, run one part per command:
 #   cuda   test_cuda (conformance, half, large cases), memcheck on the small ones
-#   cudnn  test_cudnn: the rule-vs-engine sweep (fails on any case the rules
-#          accept and cuDNN refuses; lists the rules too strict) and the
-#          conformance cases on cudnn in bf16/f16 against the f64 reference
+#   cudnn  attend-cudnn-descriptor: this GPU's device descriptor (saved as
+#          $OUT/descriptor.json, the file ATTEND_CUDNN_TARGET=path.json takes);
+#          test_cudnn: the rule-vs-engine sweep (fails on any case the rules
+#          accept and cuDNN refuses; lists the rules too strict) with, per
+#          case, cuDNN's deviceless verdict for that captured descriptor (and
+#          then the shipped one of this GPU) beside the on-device one, and the
+#          conformance cases on cudnn in bf16/f16 against the f64 reference;
+#          test_cudnn_deviceless: the CPU sweep for every shipped target, here
+#          on the real driver
 #   bench  cuda_bench (cuda and cudnn rows, cuBLAS GEMM peaks in the same run)
 #          and, where torch with CUDA imports, python/bench_sdpa_cuda.py
 #          (PyTorch SDPA on its cuDNN and flash backends, same shapes)
@@ -28,7 +35,8 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 build="${ATTEND_DEVICE_BUILD:-build}"
-bins=("$build/tests/test_cuda" "$build/tests/test_cudnn" "$build/bench/cuda_bench")
+bins=("$build/tests/test_cuda" "$build/tests/test_cudnn" "$build/tests/test_cudnn_deviceless"
+  "$build/src/backends/cudnn/attend-cudnn-descriptor" "$build/bench/cuda_bench")
 if [[ "${1:-}" == "--stage" ]]; then
   mkdir -p .devlib
   for bin in "${bins[@]}"; do
@@ -87,9 +95,18 @@ if wants cudnn || wants bench; then
 fi
 
 if wants cudnn; then
-  # The sweep prints one line per (case, pass): rules vs engine, and the totals.
-  timeout 240 "$build/tests/test_cudnn" --gtest_filter='CudnnDevice.*:CudnnSelection.*' 2>&1 |
+  # This GPU's descriptor as cuDNN serializes it, next to the shipped ones
+  # (src/backends/cudnn/cudnn_targets.cpp): a differing key is a correction.
+  timeout 30 "$build/src/backends/cudnn/attend-cudnn-descriptor" 0 >"$out/descriptor.json" 2>"$out/descriptor.err" ||
+    { cat "$out/descriptor.err"; status=1; }
+  cat "$out/descriptor.json"
+  # The sweep prints one line per (case, pass): rules vs engine vs deviceless
+  # (for the captured descriptor), and the totals.
+  compare=()
+  [[ -s "$out/descriptor.json" ]] && compare=(env "ATTEND_CUDNN_COMPARE_TARGET=$out/descriptor.json")
+  timeout 240 "${compare[@]}" "$build/tests/test_cudnn" --gtest_filter='CudnnDevice.*:CudnnSelection.*' 2>&1 |
     tee "$out/cudnn_sweep.log" || status=1
+  timeout 120 "$build/tests/test_cudnn_deviceless" 2>&1 | tee "$out/cudnn_deviceless.log" || status=1
   timeout 200 "$build/tests/test_cudnn" --gtest_filter='Dtypes/CudnnHalf.*' 2>&1 |
     tee "$out/cudnn_conformance.log" || status=1
   grep -q "SKIPPED \] CudnnDevice" "$out/cudnn_sweep.log" && echo "cudnn: the device tests SKIPPED (see the logs): not a pass" |
