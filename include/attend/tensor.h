@@ -76,7 +76,9 @@ class Tensor {
   void* data() const { return view_.data; }
   template <typename T>
   T* as() const { return view_.as<T>(); }
-  std::int64_t numel() const { return view_.numel(); }
+  // 0 for a default-constructed (empty) tensor, which owns no storage; its
+  // view's product over no dimensions would be 1 element at a null pointer.
+  std::int64_t numel() const { return storage_ ? view_.numel() : 0; }
   bool defined() const { return view_.defined(); }
 
  private:

@@ -63,6 +63,16 @@ void expect_matches_reference(const AttentionSpec& spec) {
 
 TEST(UnfusedAttention, PlainAttentionMatchesReference) { expect_matches_reference(small(24, 40, 2, 2)); }
 
+// One score in all (batch, heads, seqlen 1): the kept-probabilities buffer
+// needs one float, which an empty Tensor used to claim it held (numel() 1 at a
+// null pointer), so the forward wrote through null (`attend bench --seqlen 1
+// --heads 1 --batch 1`).
+TEST(UnfusedAttention, SingleScoreProblemAllocatesItsBufferAndMatchesReference) {
+  AttentionSpec s = small(1, 1, 1, 1, 8, 8);
+  s.batch = 1;
+  expect_matches_reference(s);
+}
+
 TEST(UnfusedAttention, CausalBottomRightAlignedMatchesReference) {
   AttentionSpec s = small(24, 40, 2, 2);
   s.causal = true;

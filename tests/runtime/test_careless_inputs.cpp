@@ -1,6 +1,6 @@
 // What a careless caller can hand the runtime and still get defined results:
-// packed batches with trailing padding rows, empty gradients with zero strides
-// (issue 36).
+// packed batches with trailing padding rows, empty gradients with zero strides,
+// an empty Tensor (issue 36, rows 1, 5 and 6).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -189,6 +189,13 @@ TEST(ZeroQueries, BackwardAcceptsAnEmptyDoutWithZeroStridesAndZeroesDkDv) {
   EXPECT_EQ(g.dq.numel(), 0);
   EXPECT_TRUE(all_equal(g.dk, 0, 0.0));
   EXPECT_TRUE(all_equal(g.dv, 0, 0.0));
+}
+
+TEST(TensorNumel, AnEmptyTensorHasNoElements) {
+  EXPECT_EQ(Tensor().numel(), 0);
+  EXPECT_FALSE(Tensor().defined());
+  EXPECT_EQ(Tensor::zeros(DType::f32, {3, 0}).numel(), 0);
+  EXPECT_EQ(Tensor::zeros(DType::f32, {2, 3}).numel(), 6);
 }
 
 }  // namespace
