@@ -280,8 +280,13 @@ struct FileCloser {
 
 }  // namespace
 
-Tensor parse_npy(std::span<const std::byte> bytes, std::string_view name) {
-  constexpr std::size_t kPrefix = kMagic.size() + 2;  // magic + major + minor
+namespace {
+
+constexpr std::size_t kPrefix = kMagic.size() + 2;  // magic + major + minor
+
+// Where the header ends (= the data begins), from the magic, the version and
+// the header length field; `bytes` need hold no more than those.
+std::size_t header_end(std::span<const std::byte> bytes, std::string_view name) {
   if (bytes.size() < kPrefix ||
       !std::equal(kMagic.begin(), kMagic.end(), bytes.begin(),
                   [](char c, std::byte b) { return static_cast<std::byte>(c) == b; })) {
@@ -298,8 +303,24 @@ Tensor parse_npy(std::span<const std::byte> bytes, std::string_view name) {
   if (bytes.size() < kPrefix + len_bytes) {
     fail(name, "header_len", std::to_string(bytes.size()) + " bytes", "file ends inside the header length");
   }
-  const std::size_t header_len = read_le(bytes, kPrefix, len_bytes);
+  // A 4-byte length is below 2^32: the sum cannot overflow a 64-bit size_t.
+  return kPrefix + len_bytes + read_le(bytes, kPrefix, len_bytes);
+}
+
+struct NpyLayout {
+  DType dtype;
+  std::string descr;  // as the header spells it
+  std::vector<std::int64_t> dims;
+  std::size_t data_begin = 0;
+  std::size_t data_bytes = 0;  // what the shape and dtype need
+};
+
+// Everything but the data; `bytes` holds at least the whole header.
+NpyLayout parse_layout(std::span<const std::byte> bytes, std::string_view name) {
+  const std::size_t end = header_end(bytes, name);
+  const std::size_t len_bytes = std::to_integer<unsigned>(bytes[6]) == 1 ? 2 : 4;
   const std::size_t header_begin = kPrefix + len_bytes;
+  const std::size_t header_len = end - header_begin;
   if (header_len > bytes.size() - header_begin) {
     fail(name, "header_len", std::to_string(header_len),
          "header length exceeds the file: only " + std::to_string(bytes.size() - header_begin) +
@@ -308,38 +329,64 @@ Tensor parse_npy(std::span<const std::byte> bytes, std::string_view name) {
   const std::string_view text(reinterpret_cast<const char*>(bytes.data() + header_begin), header_len);
   const Header h = Parser(text, name).parse();
 
-  const DType dtype = parse_descr(*h.descr, name);
+  NpyLayout l;
+  l.dtype = parse_descr(*h.descr, name);
+  l.descr = *h.descr;
   if (*h.fortran_order) {
     fail(name, "fortran_order", "True", "Fortran-order arrays are not supported; save a C-order copy");
   }
-  const std::vector<std::int64_t>& dims = *h.shape;
+  l.dims = *h.shape;
   std::int64_t numel = 1;
-  for (std::int64_t d : dims) numel = detail::checked_mul(numel, d, std::string(name) + ": shape");
-  const std::size_t expected = detail::checked_bytes(numel, size_of(dtype), std::string(name) + ": shape");
-  const std::size_t data_begin = header_begin + header_len;
-  const std::size_t actual = bytes.size() - data_begin;
+  for (std::int64_t d : l.dims) numel = detail::checked_mul(numel, d, std::string(name) + ": shape");
+  l.data_bytes = detail::checked_bytes(numel, size_of(l.dtype), std::string(name) + ": shape");
+  l.data_begin = end;
+  return l;
+}
+
+// Appends up to `want` bytes of `f` to `bytes`.
+void read_more(std::FILE* f, std::vector<std::byte>& bytes, std::size_t want, const std::string& path) {
+  std::array<std::byte, 1 << 16> buf;
+  while (want > 0) {
+    const std::size_t n = std::fread(buf.data(), 1, std::min(want, buf.size()), f);
+    bytes.insert(bytes.end(), buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n));
+    want -= n;
+    if (n == 0) break;
+  }
+  if (std::ferror(f)) io_error(path, "read");
+}
+
+}  // namespace
+
+Tensor parse_npy(std::span<const std::byte> bytes, std::string_view name) {
+  const NpyLayout l = parse_layout(bytes, name);
+  const std::size_t expected = l.data_bytes;
+  const std::size_t actual = bytes.size() - l.data_begin;
   if (actual != expected) {
     fail(name, "data", std::to_string(actual) + " bytes",
-         std::string(actual < expected ? "truncated" : "trailing bytes") + ": shape " + shape_text(dims) +
-             " " + *h.descr + " needs exactly " + std::to_string(expected) + " bytes of data, found " +
+         std::string(actual < expected ? "truncated" : "trailing bytes") + ": shape " + shape_text(l.dims) + " " +
+             l.descr + " needs exactly " + std::to_string(expected) + " bytes of data, found " +
              std::to_string(actual));
   }
-  Tensor t = Tensor::zeros(dtype, std::span<const std::int64_t>(dims));
-  if (expected > 0) std::memcpy(t.data(), bytes.data() + data_begin, expected);
+  Tensor t = Tensor::zeros(l.dtype, std::span<const std::int64_t>(l.dims));
+  if (expected > 0) std::memcpy(t.data(), bytes.data() + l.data_begin, expected);
   return t;
 }
 
+// Reads in stages, each bounded by what the previous one declared: the prefix,
+// the header, then the data the header's shape needs and one byte more (so
+// that trailing data is still named). A file that is no .npy — or one without
+// an end, such as /dev/zero — is refused after its first bytes instead of
+// being read until memory runs out.
 Tensor read_npy(const std::string& path) {
   std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   if (!f) io_error(path, "open for reading");
   std::vector<std::byte> bytes;
-  std::array<std::byte, 1 << 16> buf;
-  for (;;) {
-    const std::size_t n = std::fread(buf.data(), 1, buf.size(), f.get());
-    bytes.insert(bytes.end(), buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(n));
-    if (n < buf.size()) break;
-  }
-  if (std::ferror(f.get())) io_error(path, "read");
+  read_more(f.get(), bytes, kPrefix + 4, path);
+  const std::size_t end = header_end(bytes, path);
+  if (bytes.size() < end) read_more(f.get(), bytes, end - bytes.size(), path);
+  const NpyLayout l = parse_layout(bytes, path);
+  const std::size_t total = l.data_begin + l.data_bytes + 1;
+  if (bytes.size() < total) read_more(f.get(), bytes, total - bytes.size(), path);
   return parse_npy(bytes, path);
 }
 
