@@ -1,13 +1,17 @@
 // attend run: run a problem through the high-level API and report the backend,
 // time, FLOP rate, memory and (with --check) the error against the f64 reference.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 
@@ -114,6 +118,43 @@ void check_save_dir(const std::string& dir) {
   }
 }
 
+// Writes and removes a probe file in DIR (creating DIR, whose parent
+// check_save_dir found): permissions, a read-only or full file system fail
+// here, before the run, not after it with the results lost.
+void probe_save_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directory(dir, ec);
+  if (ec) throw attend::Error(attend::ErrorCode::io, "--save", dir, "cannot create it: " + ec.message());
+  const fs::path probe = fs::path(dir) / ".attend-save-probe";
+  bool written = false;
+  {
+    std::ofstream out(probe, std::ios::trunc);
+    out << "probe\n";
+    out.flush();
+    written = static_cast<bool>(out);
+  }
+  fs::remove(probe, ec);
+  if (!written) {
+    throw attend::Error(attend::ErrorCode::io, "--save", dir,
+                        "cannot write into it: " + std::string(std::strerror(errno)));
+  }
+}
+
+// A .npy of shape () holds a 0-d scalar, which attend's views count as no
+// tensor at all: named by its flag here rather than mistaken for a missing file.
+void check_file_ranks(const DataSources& src) {
+  const std::pair<const NpyInput*, const char*> files[] = {
+      {&src.q, "--q"},        {&src.k, "--k"}, {&src.v, "--v"}, {&src.dout, "--dout"}, {&src.slopes, "--alibi-slopes"},
+      {&src.sinks, "--sinks"}};
+  for (const auto& [in, flag] : files) {
+    if (!in->path.empty() && in->tensor.view().ndim == 0) {
+      throw attend::Error(attend::ErrorCode::shape_mismatch, flag, in->path,
+                          "holds a 0-d array (shape ()); this input needs the dimensions of its layout");
+    }
+  }
+}
+
 // Files either describe the whole problem's inputs or none of them.
 void check_input_files(const RunCommand& cmd) {
   const int given = !cmd.q_path.empty() + !cmd.k_path.empty() + !cmd.v_path.empty();
@@ -209,7 +250,10 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
                         "`attend select --cp N` explains the strategies without it");
 #endif
   }
-  if (!cmd.save_dir.empty()) check_save_dir(cmd.save_dir);
+  if (!cmd.save_dir.empty()) {
+    check_save_dir(cmd.save_dir);
+    probe_save_dir(cmd.save_dir);
+  }
   DataSources src{read_npy_input(cmd.q_path),
                   read_npy_input(cmd.k_path),
                   read_npy_input(cmd.v_path),
@@ -219,6 +263,7 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
                   read_npy_input(cmd.alibi_slopes_path),
                   read_npy_input(cmd.sinks_path)};
   check_input_files(cmd);
+  check_file_ranks(src);
   sizes_from_files(cmd.problem, src);
   if (src.slopes.tensor.defined()) cmd.problem.set_text("alibi", "true");
   if (src.sinks.tensor.defined()) cmd.problem.set_text("softmax_type", "learnable");
