@@ -1,5 +1,6 @@
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -67,6 +68,21 @@ Strategy parse_strategy(std::string_view text, const std::string& source) {
   throw Error(ErrorCode::invalid_argument, source, std::string(text), "expected priority or autotune");
 }
 
+namespace {
+
+// The autotune cache is one JSON file: a directory there would fail only at
+// the first autotuned call, as a raw stream error from inside the JSON reader.
+void check_tune_cache(const char* source, const std::string& configured) {
+  if (configured.empty() || configured == "off") return;  // the default path, or none
+  std::error_code ec;
+  if (std::filesystem::is_directory(configured, ec)) {
+    throw Error(ErrorCode::invalid_argument, source, configured,
+                "is a directory: the autotune cache is a JSON file (give a file path, or 'off')");
+  }
+}
+
+}  // namespace
+
 Policy Policy::from_env() {
   Policy p;
   p.force_source = "ATTEND_BACKEND";
@@ -79,7 +95,10 @@ Policy Policy::from_env() {
     p.strategy_source = "ATTEND_SELECT";
     p.strategy = parse_strategy(sel, p.strategy_source);
   }
-  if (const char* cache = std::getenv("ATTEND_TUNE_CACHE")) p.tune_cache = cache;
+  if (const char* cache = std::getenv("ATTEND_TUNE_CACHE")) {
+    p.tune_cache = cache;
+    check_tune_cache("ATTEND_TUNE_CACHE", p.tune_cache);
+  }
   if (const char* log = std::getenv("ATTEND_LOG"); log && *log) {
     const std::string_view v(log);
     if (v == "info")
@@ -119,6 +138,7 @@ void validate_policy(const Policy& p) {
     }
   }
   (void)detail::isa_cap(p);
+  check_tune_cache("tune_cache", p.tune_cache);
 }
 
 Policy current_policy() { return detail::policy_snapshot()->policy; }

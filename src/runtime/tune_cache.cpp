@@ -67,6 +67,11 @@ std::optional<TuneRecord> record_from(const json& j) {
 
 // The whole file, or why it cannot be used (empty json and a message).
 json read_file(const std::string& path, std::string* problem) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {  // opens, then fails every read with a stream exception
+    *problem = "is a directory";
+    return json::object();
+  }
   std::ifstream in(path);
   if (!in) return json::object();  // absent: nothing tuned yet
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
