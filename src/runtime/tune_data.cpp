@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "attend/error.h"
 #include "kernel/half.h"
@@ -49,11 +50,14 @@ TensorView add(TuneData& d, DType dtype, std::initializer_list<std::int64_t> dim
   return add(d, dtype, s, seed);
 }
 
-// cu_seqlens spreading `total` tokens over the batch, none above `max`.
+// cu_seqlens spreading `total` tokens over the batch, none above `max`. The
+// entries are int32: a total beyond its range covers only the first
+// INT32_MAX tokens (the rest are padding rows, which the runtime defines)
+// rather than wrapping around into a decreasing, invalid cu_seqlens.
 TensorView cu_seqlens(TuneData& d, const AttentionSpec& s, std::int64_t total, std::int64_t max) {
   TensorView t = add(d, DType::i32, {s.batch + 1}, 0);
   auto* cu = t.as<std::int32_t>();
-  std::int64_t left = total;
+  std::int64_t left = std::min<std::int64_t>(total, std::numeric_limits<std::int32_t>::max());
   for (std::int64_t b = 0; b < s.batch; ++b) {
     const std::int64_t len = std::min(max, left / (s.batch - b) + (left % (s.batch - b) ? 1 : 0));
     cu[b + 1] = static_cast<std::int32_t>(cu[b] + len);
