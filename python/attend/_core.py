@@ -247,6 +247,22 @@ class KVCache:
         dq, kq = _arrays.describe(q, "q")
         ds, ks = _arrays.describe(alibi_slopes, "alibi_slopes")
         spec = self._c.problem_spec(dq, fields, ds)
+        _no_contradiction(fields, spec)
         out, lse = _alloc(spec, "out", q), _alloc(spec, "lse", q)
         self._c.forward(dq, fields, ds, _arrays.describe(out, "out")[0], _arrays.describe(lse, "lse")[0])
         return out, lse
+
+
+# What q and the cache decide in KVCache.attend; a keyword naming one of them
+# must agree, or the caller believes in a problem that is not the one run.
+_CACHE_DECIDES = ("batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "dtype",
+                  "kv_page_size", "kv_leftpad", "total_q", "total_kv")
+
+
+def _no_contradiction(fields, spec):
+    for name in _CACHE_DECIDES:
+        if name in fields:
+            given = _C.spec_from_fields({name: fields[name]})[name]
+            if given != spec[name]:
+                _raise(InvalidArgumentError, name, fields[name],
+                       f"the cache and q decide it: this call has {name}={spec[name]}")

@@ -33,7 +33,12 @@ def window_sides(window_size):
     FlashAttention, any negative side means unbounded; attend spells that -1."""
     if window_size is None:
         return -1, -1
-    left, right = int(window_size[0]), int(window_size[1])
+    try:
+        left, right = window_size
+        left, right = int(left), int(right)
+    except (TypeError, ValueError):
+        _raise(InvalidArgumentError, "window_size", window_size, "expected a pair (left, right) of ints, -1 for an "
+               "unbounded side, or None")
     return max(left, -1), max(right, -1)
 
 
@@ -81,6 +86,11 @@ def dropout_mask(seed, dropout_p, batch, heads, seqlen_q, seqlen_kv):
     seqlen_kv), True where the element is kept (and scaled by 1/(1-p)). The same
     Philox4x32-10 function every backend uses, so it reproduces any call's mask
     from its seed (see attend.torch.draw_dropout_seed)."""
+    for name, n in (("batch", batch), ("heads", heads), ("seqlen_q", seqlen_q), ("seqlen_kv", seqlen_kv)):
+        if int(n) < 0:
+            _raise(InvalidArgumentError, name, n, "must be >= 0")
+    if batch == 0:
+        return torch.zeros(0, heads, seqlen_q, seqlen_kv, dtype=torch.bool)
     return torch.stack([_keep(seed, dropout_p, b, heads, seqlen_q, seqlen_kv) for b in range(batch)])
 
 

@@ -24,6 +24,7 @@ import torch
 from . import _autograd, _masks
 from .errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
 from ._torch_inputs import autocast as _autocast
+from ._index import int32_index
 
 _MASK_TYPES = ("no_mask", "causal", "causal_bottom_right", "padding", "padding_causal",
                "padding_causal_bottom_right", "arbitrary")
@@ -214,7 +215,7 @@ class DotProductAttention(torch.nn.Module):
         if mask_type == "arbitrary" or bias_type == "post_scale_bias":
             _raise(UnsupportedError, "attn_mask_type", mask_type, "thd supports padding/causal masks, not "
                    "arbitrary masks or post-scale bias")
-        cu_q, cu_kv = cu_q.to(torch.int32), cu_kv.to(torch.int32)
+        cu_q, cu_kv = int32_index(cu_q, "cu_seqlens_q", 1), int32_index(cu_kv, "cu_seqlens_kv", 1)
         if top_left and not torch.equal(cu_q, cu_kv):
             _raise(UnsupportedError, "attn_mask_type", mask_type, "top-left causal masks over thd sequences with "
                    "different q/kv lengths; use 'padding_causal_bottom_right'")

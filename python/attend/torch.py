@@ -18,9 +18,10 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
-from . import _autograd, _masks
+from . import _C, _arrays, _autograd, _masks
 from .errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
 from ._autograd import Problem, draw_dropout_seed
+from ._index import int32_index, require_non_negative
 from ._masks import dropout_mask, dropout_mask_varlen
 from ._spec_fields import with_fields
 from ._torch_inputs import autocast as _autocast, autocast_dtype as _autocast_dtype, compiling as _compiling
@@ -54,11 +55,26 @@ def _check_tensor(t, name, dims):
         _raise(ShapeMismatchError, f"{name}.dim", t.dim(), f"expected {' or '.join(map(str, dims))} dimensions")
 
 
+def _real(x, name, what):
+    """float(x), or an attend error naming `name` when x is no real number."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        _raise(InvalidArgumentError, name, x, f"expected {what}")
+
+
 def _check_dropout(dropout_p, name="dropout_p"):
-    p = float(dropout_p)
-    if not 0.0 <= p <= 1.0:
-        _raise(InvalidArgumentError, name, dropout_p, "a dropout probability must lie in [0, 1]")
+    # [0, 1), as the native spec check says: p = 1 drops every term, and the
+    # 1/(1-p) rescaling of what is kept is undefined.
+    p = _real(dropout_p, name, "a dropout probability in [0, 1)")
+    if not 0.0 <= p < 1.0:
+        _raise(InvalidArgumentError, name, dropout_p, "must lie in [0, 1)")
     return p
+
+
+def _softcap(softcap):
+    """softcap as the spec takes it: None, like 0, disables it."""
+    return 0.0 if softcap is None else _real(softcap, "softcap", "a real number >= 0 (0 or None disables it)")
 
 
 def _bias_requires_grad(bias):
@@ -215,7 +231,7 @@ def _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
     left, right = _window(causal, window_size)
     spec = dict(heads_q=q.shape[-2], heads_kv=k.shape[-2], head_dim_qk=q.shape[-1], head_dim_v=v.shape[-1],
                 dtype=_masks.dtype_name(q, "q"), scale=softmax_scale, causal=bool(causal), window_left=left,
-                window_right=right, softcap=float(softcap), alibi=alibi_slopes is not None,
+                window_right=right, softcap=_softcap(softcap), alibi=alibi_slopes is not None,
                 deterministic=bool(deterministic))
     if dropout_p > 0.0:
         spec.update(dropout_p=float(dropout_p), dropout_seed=draw_dropout_seed())
@@ -323,13 +339,21 @@ def flash_attn_kvpacked_func(
 
 
 def _cu(t, name):
-    if not isinstance(t, torch.Tensor) or t.dim() != 1:
-        _raise(InvalidArgumentError, name, getattr(t, "shape", t), "expected a 1-D int32 tensor (B+1,)")
-    if t.dtype != torch.int32:
-        if t.dtype not in (torch.int64, torch.int16, torch.uint8):
-            _raise(InvalidArgumentError, f"{name}.dtype", t.dtype, "expected int32")
-        t = t.to(torch.int32)
-    return t
+    return int32_index(t, name, 1)
+
+
+def _check_max_seqlen(cu, given, name, field):
+    """The longest sequence must fit `given` (max_seqlen_q/k), as inference
+    checks natively; the ops read sizes from cu_seqlens, so training would
+    otherwise accept a wrong maximum silently. Skipped inside a trace, where the
+    values are not known."""
+    if _compiling() or cu.numel() < 2:
+        return
+    longest = int((cu[1:] - cu[:-1]).max())
+    if longest > int(given):
+        b = int((cu[1:] - cu[:-1]).argmax())
+        _raise(InvalidArgumentError, name, int(given), f"sequence {b} has length {longest} ({field}[{b + 1}] - "
+               f"{field}[{b}]): the maximum must be at least that")
 
 
 def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -344,6 +368,8 @@ def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     if cu_q.numel() != cu_k.numel() or cu_q.numel() < 2:
         _raise(ShapeMismatchError, "cu_seqlens_k.numel", cu_k.numel(),
                f"cu_seqlens_q and cu_seqlens_k need the same B+1 >= 2 entries (cu_seqlens_q has {cu_q.numel()})")
+    _check_max_seqlen(cu_q, max_seqlen_q, "max_seqlen_q", "cu_seqlens_q")
+    _check_max_seqlen(cu_k, max_seqlen_k, "max_seqlen_k", "cu_seqlens_k")
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=cu_q.numel() - 1, seqlen_q=int(max_seqlen_q), seqlen_kv=int(max_seqlen_k), layout="thd",
                 total_q=q.shape[0], total_kv=k.shape[0])
@@ -434,8 +460,8 @@ def _append_to_cache(k_cache, v_cache, k, v, block_table, seqlens):
     if pos.numel() and (int(page.min()) < 0 or int(page.max()) >= k_cache.shape[0]):
         _raise(InvalidArgumentError, "block_table", "entry", f"page ids must lie in [0, {k_cache.shape[0]})")
     with torch.no_grad():
-        k_cache[page, pos % ps] = k.to(k_cache.dtype)
-        v_cache[page, pos % ps] = v.to(v_cache.dtype)
+        k_cache[page, pos % ps] = k
+        v_cache[page, pos % ps] = v
     return seqlens + k.shape[1]
 
 
@@ -466,28 +492,30 @@ def flash_attn_with_kvcache(
     if (k is None) != (v is None):
         _raise(InvalidArgumentError, "k" if k is None else "v", None, "k and v are appended together")
     B = q.shape[0]
-    if block_table is None:
-        rows = cache_batch_idx if cache_batch_idx is not None else torch.arange(B)
-        block_table = rows.to(torch.int32).reshape(B, 1)  # a dense cache: one page per sequence
-    elif cache_batch_idx is not None:
-        _raise(UnsupportedError, "cache_batch_idx", "set", "cache_batch_idx needs a non-paged cache (as in FA2)")
-    else:
-        block_table = _cu_like(block_table, "block_table", 2)
+    block_table = _kv_block_table(B, k_cache, block_table, cache_batch_idx)
     if cache_seqlens is None:
         seqlens = torch.full((B,), k_cache.shape[1] * block_table.shape[1], dtype=torch.int32)
     elif isinstance(cache_seqlens, int):
+        if not _INT32_MIN <= cache_seqlens <= _INT32_MAX:
+            _raise(InvalidArgumentError, "cache_seqlens", cache_seqlens, "outside the int32 range")
         seqlens = torch.full((B,), cache_seqlens, dtype=torch.int32)
     else:
-        seqlens = _cu_like(cache_seqlens, "cache_seqlens", 1)
+        seqlens = _kv_per_sequence(cache_seqlens, "cache_seqlens", B)
+    require_non_negative(seqlens, "cache_seqlens")
+    pad = _kv_per_sequence(cache_leftpad, "cache_leftpad", B) if cache_leftpad is not None else None
     if k is not None:
-        seqlens = _append_to_cache(k_cache, v_cache, k, v, block_table, seqlens)
+        _kv_check_append(q, k_cache, v_cache, k, v)
+        grown = seqlens.long() + k.shape[1]
+        if B and int(grown.max()) > _INT32_MAX:
+            _raise(InvalidArgumentError, "cache_seqlens", int(seqlens.max()),
+                   f"appending {k.shape[1]} tokens passes the int32 range of cache lengths")
+        seqlens = grown.to(torch.int32)
     left, right = _window(causal, window_size)
-    pad = _cu_like(cache_leftpad, "cache_leftpad", 1) if cache_leftpad is not None else None
     keys = seqlens - pad if pad is not None else seqlens
     spec = dict(batch=B, seqlen_q=q.shape[1], seqlen_kv=max(int(keys.max()), 1) if B else 1, heads_q=q.shape[2],
                 heads_kv=k_cache.shape[2], head_dim_qk=q.shape[3], head_dim_v=v_cache.shape[3],
                 dtype=_masks.dtype_name(q, "q"), layout="bshd", scale=softmax_scale, causal=bool(causal),
-                window_left=left, window_right=right, softcap=float(softcap), alibi=alibi_slopes is not None,
+                window_left=left, window_right=right, softcap=_softcap(softcap), alibi=alibi_slopes is not None,
                 kv_page_size=k_cache.shape[1], kv_leftpad=pad is not None)
     spec = with_fields(spec, spec_fields, "flash_attn_with_kvcache", not _compiling())
     if sinks is not None:
@@ -495,15 +523,77 @@ def flash_attn_with_kvcache(
         spec, sinks = problem.spec, problem.sinks.detach()
     tensors = dict(q=q.detach(), k=k_cache.detach(), v=v_cache.detach(), alibi_slopes=alibi_slopes,
                    block_table=block_table, cache_seqlens=seqlens, cache_leftpad=pad, sinks=sinks)
+    if k is not None:
+        # Everything the call will be refused for is found before the caches
+        # change: a refused call leaves them as they were. The tensors as they
+        # will be after the append (their contents are not read), then whether
+        # a backend runs the problem at all.
+        descs, keep = _arrays.describe_all(tensors)
+        _C.validate_inputs(spec, descs)
+        _C.Plan(spec, "inference")
+        del keep
+        _append_to_cache(k_cache, v_cache, k, v, block_table, seqlens - k.shape[1])
     out, lse, _, _ = _autograd._native_forward(spec, "inference", tensors)
     return (out, lse) if return_softmax_lse else out
 
 
-def _cu_like(t, name, dims):
-    if not isinstance(t, torch.Tensor) or t.dim() != dims:
-        _raise(InvalidArgumentError, name, getattr(t, "shape", t), f"expected a {dims}-D int32 tensor")
-    if t.dtype != torch.int32:
-        if t.dtype not in (torch.int64, torch.int16, torch.uint8):
-            _raise(InvalidArgumentError, f"{name}.dtype", t.dtype, "expected int32")
-        t = t.to(torch.int32)
+_INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
+def _kv_per_sequence(t, name, batch):
+    t = int32_index(t, name, 1)
+    if t.shape[0] != batch:
+        _raise(ShapeMismatchError, f"{name}.shape[0]", t.shape[0], f"needs one entry per sequence of q: {batch}")
     return t
+
+
+def _kv_block_table(batch, k_cache, block_table, cache_batch_idx):
+    """The (B, pages) int32 table the call reads the caches through: a dense
+    cache is a pool of one page per cache row."""
+    if block_table is not None:
+        if cache_batch_idx is not None:
+            _raise(UnsupportedError, "cache_batch_idx", "set", "cache_batch_idx needs a non-paged cache (as in FA2)")
+        table = int32_index(block_table, "block_table", 2)
+        if table.shape[0] != batch:
+            _raise(ShapeMismatchError, "block_table.shape[0]", table.shape[0],
+                   f"needs one row per sequence of q: {batch}")
+        return table
+    rows = k_cache.shape[0]
+    if cache_batch_idx is None:
+        if rows < batch:
+            _raise(ShapeMismatchError, "k_cache.shape[0]", rows, f"fewer cache rows than q's batch {batch}: pass "
+                   "cache_batch_idx or a larger cache")
+        return torch.arange(batch, dtype=torch.int32).reshape(batch, 1)
+    idx = _kv_per_sequence(cache_batch_idx, "cache_batch_idx", batch)
+    bad = (idx < 0) | (idx >= rows)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        _raise(InvalidArgumentError, f"cache_batch_idx[{i}]", int(idx[i]), f"must lie in [0, {rows}) (the cache's "
+               "rows)")
+    return idx.reshape(batch, 1)
+
+
+def _kv_check_append(q, k_cache, v_cache, k, v):
+    """New keys and values must already be what the caches hold: attend neither
+    broadcasts them over sequences or heads nor casts them."""
+    B = q.shape[0]
+    for t, name, cache in ((k, "k", k_cache), (v, "v", v_cache)):
+        _check_tensor(t, name, (4,))
+        if t.shape[0] != B:
+            _raise(ShapeMismatchError, f"{name}.shape[0]", t.shape[0], f"batch must equal q's {B} (appended "
+                   "tokens are not broadcast over sequences)")
+        if t.shape[2] != cache.shape[2]:
+            _raise(ShapeMismatchError, f"{name}.shape[2]", t.shape[2], f"heads must equal {name}_cache's "
+                   f"{cache.shape[2]} (appended tokens are not broadcast over heads)")
+        if t.shape[3] != cache.shape[3]:
+            _raise(ShapeMismatchError, f"{name}.shape[3]", t.shape[3], f"head dim must equal {name}_cache's "
+                   f"{cache.shape[3]}")
+        if t.dtype != cache.dtype:
+            _raise(InvalidArgumentError, f"{name}.dtype", t.dtype, f"must equal {name}_cache's {cache.dtype} "
+                   "(appended tokens are not cast)")
+    if v.shape[1] != k.shape[1]:
+        _raise(ShapeMismatchError, "v.shape[1]", v.shape[1], f"must equal k's {k.shape[1]} new tokens")
+
+
+def _cu_like(t, name, dims):
+    return int32_index(t, name, dims)

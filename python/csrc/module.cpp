@@ -488,6 +488,13 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "validate", [](const py::dict& d) { attend::validate(spec_from_dict(d)); }, py::arg("fields"),
       "Checks the spec's fields on their own (sizes, ranges); raises the attend error naming the field");
+  m.def(
+      "validate_inputs",
+      [](const py::dict& d, const py::dict& tensors) {
+        attend::validate_inputs(spec_from_dict(d), inputs_of(tensors));
+      },
+      py::arg("spec"), py::arg("tensors"),
+      "Checks the spec and its input tensors (shapes, dtypes, index contents) without running anything");
   m.def("dropout_keep", &dropout_keep, py::arg("seed"), py::arg("p"), py::arg("batch_index"), py::arg("heads"),
         py::arg("seqlen_q"), py::arg("seqlen_kv"));
   m.def("get_policy", [] { return policy_dict(attend::current_policy()); });
