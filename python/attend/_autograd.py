@@ -145,17 +145,34 @@ class _Attend(torch.autograd.Function):
 
 # --- torch.library ops (torch >= 2.4) ----------------------------------------------------
 
+# Under torch.compile with dynamic shapes a field computed from sizes (the
+# causal flag and window of a top-left mask rewrite) is a SymBool or SymInt,
+# which prints as "True" or as an expression; and inside a trace even
+# `bool(x) is True` is False for one. The text is taken by the field's kind:
+# a bool through a branch, a number through int()/float(). Both make dynamo
+# guard on the value, so a shape that changes it recompiles instead of
+# reusing the old text. (The kinds are read at import: a trace cannot call
+# into the extension.)
+_KINDS = {row["name"]: row["kind"] for row in _C.spec_fields()}
+_NUMBERS = {"int": int, "uint": int, "real": float}
+
+
 def spec_text(spec):
     """A spec dict as the string the ops carry: 'name=value;...' in the native
     field table's text form (bool true/false, None empty)."""
     parts = []
     for name, value in spec.items():
+        kind = _KINDS.get(name)
         if value is None:
             text = ""
-        elif value is True or value is False:
+        elif isinstance(value, str):
+            text = value
+        elif kind == "bool" or value is True or value is False:
             text = "true" if value else "false"
         else:
-            text = f"{value}"  # (str() of a float cannot be traced by dynamo; f-strings can)
+            number = _NUMBERS.get(kind)
+            # (str() of a float cannot be traced by dynamo; f-strings can)
+            text = f"{number(value) if number is not None else value}"
         parts.append(name + "=" + text)
     return ";".join(parts)
 
