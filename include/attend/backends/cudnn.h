@@ -49,7 +49,8 @@ std::shared_ptr<const Backend> make_cudnn_backend();
 // descriptor file ("path/gpu.json", as attend-cudnn-descriptor prints one) for
 // the rules and cuDNN's own deviceless verdict on each pass's graph: a plan
 // cuDNN accepts for that descriptor (check_support), not one that has run.
-// Throws attend::Error naming `field` and the text when malformed. Set it
+// Throws attend::Error naming `field` and the text when malformed. Once set,
+// ATTEND_CUDNN_TARGET (otherwise read at each check) no longer applies. Set it
 // before selecting: selections already cached keep their verdicts.
 void set_cudnn_target(std::string_view text, std::string_view field = "cudnn target");
 

@@ -29,24 +29,34 @@ constexpr int kHeaderVersion = CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + CUDNN_P
 // The target the check assumes where the process has no such device:
 // set_cudnn_target's, else $ATTEND_CUDNN_TARGET's, else sm_90 (H100/H200, the
 // GPUs this project is lent) with the cuDNN release whose headers the build
-// used, rules only. The environment is read once.
-std::mutex target_mutex;
-std::shared_ptr<const cudnn::AssumedTarget>& target_slot() {
-  static std::shared_ptr<const cudnn::AssumedTarget> t;
-  return t;
+// used, rules only. The variable is read at each check and parsed again only
+// when it changed: `attend select --target` and Python's explain(target=...)
+// set it in the running process.
+struct TargetSlot {
+  std::mutex mutex;
+  bool set_explicitly = false;
+  std::string env;  // the text `parsed` came from
+  std::shared_ptr<const cudnn::AssumedTarget> parsed;
+};
+TargetSlot& target_slot() {
+  static TargetSlot slot;
+  return slot;
 }
 
 std::shared_ptr<const cudnn::AssumedTarget> assumed_target() {
-  const std::lock_guard<std::mutex> lock(target_mutex);
-  std::shared_ptr<const cudnn::AssumedTarget>& t = target_slot();
-  if (!t) {
-    const char* env = std::getenv("ATTEND_CUDNN_TARGET");
-    cudnn::AssumedTarget parsed;
-    parsed.rules = {90, kHeaderVersion};
-    if (env && *env) parsed = cudnn::parse_assumed_target(env, "ATTEND_CUDNN_TARGET", kHeaderVersion);
-    t = std::make_shared<const cudnn::AssumedTarget>(std::move(parsed));
+  TargetSlot& slot = target_slot();
+  const std::lock_guard<std::mutex> lock(slot.mutex);
+  if (slot.set_explicitly) return slot.parsed;
+  const char* env = std::getenv("ATTEND_CUDNN_TARGET");
+  const std::string text = env ? env : "";
+  if (!slot.parsed || text != slot.env) {
+    cudnn::AssumedTarget t;
+    t.rules = {90, kHeaderVersion};
+    if (!text.empty()) t = cudnn::parse_assumed_target(text, "ATTEND_CUDNN_TARGET", kHeaderVersion);
+    slot.parsed = std::make_shared<const cudnn::AssumedTarget>(std::move(t));
+    slot.env = text;
   }
-  return t;
+  return slot.parsed;
 }
 
 // Copies `from`'s failures (and, in full detail, its reasons and notes).
@@ -161,8 +171,10 @@ std::shared_ptr<const Backend> make_cudnn_backend() { return std::make_shared<Cu
 
 void set_cudnn_target(std::string_view text, std::string_view field) {
   auto parsed = std::make_shared<const cudnn::AssumedTarget>(cudnn::parse_assumed_target(text, field, kHeaderVersion));
-  const std::lock_guard<std::mutex> lock(target_mutex);
-  target_slot() = std::move(parsed);
+  TargetSlot& slot = target_slot();
+  const std::lock_guard<std::mutex> lock(slot.mutex);
+  slot.parsed = std::move(parsed);
+  slot.set_explicitly = true;
 }
 
 namespace backends {
