@@ -239,6 +239,12 @@ TEST(CudnnDeviceless, RulesNeverAcceptWhatCudnnRefuses) {
   }
   std::printf("deviceless sweep summary (cuDNN %s):\n", cudnn::version_string(version).c_str());
   for (const std::string& s : summary) std::printf("  %s\n", s.c_str());
+  // CTest shows a passing test's output to nobody: the figure also goes to a
+  // file in the test's directory (build/tests), for the CI log to print.
+  std::ofstream report("cudnn_deviceless_sweep.txt");
+  report << "deviceless rule-vs-engine sweep, cuDNN " << cudnn::version_string(version) << ", "
+         << cudnn::deviceless_libcuda_name() << "\n";
+  for (const std::string& s : summary) report << "  " << s << "\n";
 }
 
 // Each kind of graph the backend builds, on the tensors a call may pass (every
