@@ -12,6 +12,7 @@ The process starts from the environment; set_policy replaces the whole policy
 
 import contextlib
 import json
+import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _C
@@ -149,10 +150,16 @@ class Explanation:
         return f"<attend.Explanation selected={self.selected!r} mode={self.mode!r}>"
 
 
-def explain(mode: str = "training", **spec: Any) -> "Explanation":
+def explain(mode: str = "training", device: str = "cpu", target: Optional[str] = None, **spec: Any) -> "Explanation":
     """Verdict table for a problem described by attend::AttentionSpec fields, e.g.
     ``attend.explain(batch=2, seqlen_q=1024, seqlen_kv=1024, heads_q=16, heads_kv=16,
     head_dim_qk=192, head_dim_v=128, causal=True, mode="training")``.
+    ``device="cuda"`` asks the GPU backends; ``target`` ("a100", "h100", "h200",
+    "b200", a descriptor file, or "sm_90") is the GPU the cudnn backend answers
+    for where this machine has none (sets ATTEND_CUDNN_TARGET for the process): a
+    named GPU adds cuDNN's own deviceless verdict on each pass's graph.
     Never raises for "nothing fits" (``selected`` is then None)."""
-    table, js = _C.evaluate(spec, mode)
+    if target is not None:
+        os.environ["ATTEND_CUDNN_TARGET"] = target
+    table, js = _C.evaluate(spec, mode, device)
     return Explanation(table, js)

@@ -243,8 +243,9 @@ void merge_parts(const py::dict& fields, const py::list& parts, const py::handle
   attend::merge(spec, ps, o, l);
 }
 
-py::tuple evaluate(const py::dict& fields, const std::string& mode) {
-  const Selection sel = attend::evaluate(spec_from_dict(fields), mode_from(mode), current_policy());
+py::tuple evaluate(const py::dict& fields, const std::string& mode, const std::string& device) {
+  const Selection sel = attend::evaluate(spec_from_dict(fields), mode_from(mode), current_policy(),
+                                         attend::parse_device(device, "device"));
   return py::make_tuple(sel.explain(), sel.to_json());
 }
 
@@ -476,7 +477,7 @@ PYBIND11_MODULE(_C, m) {
         "Exact combination of partial results [(out, lse), ...] through their LSEs");
   m.def("expected", &expected, py::arg("spec"), py::arg("role"),
         "(shape, dtype) of the tensor of this role (q, out, lse, dq, ...) for the spec");
-  m.def("evaluate", &evaluate, py::arg("spec"), py::arg("mode"),
+  m.def("evaluate", &evaluate, py::arg("spec"), py::arg("mode"), py::arg("device") = "cpu",
         "(table, json) of every backend's verdict; never raises for 'nothing fits'");
   m.def("describe", [](const py::dict& d) { return attend::describe(spec_from_dict(d)); });
   m.def("spec_fields", &spec_field_table,
