@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""A real model's prefill and decode on attend against transformers' SDPA.
+
+One process, one set of random weights (no download): a Hugging Face causal
+LM built from a config (default: Qwen2-0.5B's shape — 24 layers, hidden 896,
+heads 14/2, head dim 64, bfloat16), run with attn_implementation="attend"
+and "sdpa" alternately, the same inputs, the same thread count. Per context
+length (default 4,096 and 12,288 tokens):
+
+- prefill: one forward over the whole prompt (batch 1, no padding, causal),
+  as generate() runs it; tokens/s. The first prefill of each implementation
+  in the process is reported apart (it pays allocation, page faults and any
+  one-time setup), then the best of --reps;
+- decode: --decode-tokens single-token steps on the prefill's KV cache
+  (transformers' DynamicCache), ms per token, best of --reps.
+
+ratio = sdpa time / attend time (> 1: attend is faster). Needs transformers
+>= 5 and PYTHONPATH=build/python (the in-tree package) or an installed attend:
+
+    PYTHONPATH=build/python scripts/python-venv.sh torch2 python/bench_transformers.py
+    ... --layers 4 --contexts 1024 --reps 1     (a quick look)
+    ... --json model.json                       (the rows, machine-readable)
+"""
+
+import argparse
+import inspect
+import json
+import os
+import platform
+import sys
+import time
+
+# This file sits next to the *source* package python/attend, which has no
+# compiled _C: drop its directory so that PYTHONPATH's built package is imported.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here may download
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import attend  # noqa: E402
+import attend.integrations.transformers  # noqa: E402,F401  (registers "attend")
+
+# Qwen2-0.5B's published config (config.json of Qwen/Qwen2-0.5B), less the
+# weights: the attention problem per layer is GQA 14/2, D=64, causal.
+QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                 rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+IMPLS = ("attend", "sdpa")
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def build_model(args):
+    cfg = transformers.Qwen2Config(**{**QWEN2_05B, "num_hidden_layers": args.layers})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa",
+                                                          dtype=getattr(torch, args.dtype))
+    return model.eval()
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def prefill(model, ids):
+    return model(input_ids=ids, use_cache=True, logits_to_keep=1)
+
+
+def _cache_kw(model):
+    """transformers renamed past_key_values to cache (5.2x); either is taken."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_of(out):
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
+def decode(model, cache, next_id, steps):
+    """steps single-token forwards on the prefill's cache (each repetition
+    prefills afresh, so every decode starts at the same context); returns
+    seconds per token."""
+    kw = _cache_kw(model)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = model(input_ids=next_id, use_cache=True, **{kw: cache})
+        next_id = out.logits[:, -1:].argmax(-1)
+        cache = _cache_of(out)
+    return (time.perf_counter() - t0) / steps
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=QWEN2_05B["num_hidden_layers"])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[4096, 12288])
+    ap.add_argument("--decode-tokens", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=2, help="timed repetitions after the first call (best is kept)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--threads", type=int, default=0, help="0: torch's default")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if args.layers < 1 or args.decode_tokens < 1 or args.reps < 1 or min(args.contexts) < 1:
+        ap.error("--layers, --decode-tokens, --reps and --contexts must be positive")
+
+    print(f"# cpu: {cpu_model()}; threads {torch.get_num_threads()}; torch {torch.__version__}; "
+          f"transformers {transformers.__version__}; attend {attend.__version__}")
+    print(f"# model: Qwen2-0.5B shape, {args.layers} layers, heads 14/2, D=64, {args.dtype}, random weights")
+    model = build_model(args)
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    header = f"{'context':>8} {'impl':>7} {'first prefill s':>16} {'prefill s':>10} {'prefill tok/s':>14} " \
+             f"{'decode ms/tok':>14}"
+    print(header)
+    with torch.inference_mode():
+        # A short prompt through both first: torch's own one-time costs (its
+        # thread pool, GEMM set-up) then fall on neither implementation's
+        # first long prefill, which keeps what that size costs the first time.
+        warm = torch.randint(0, QWEN2_05B["vocab_size"], (1, 32), generator=gen)
+        for impl in IMPLS:
+            model.set_attn_implementation(impl)
+            prefill(model, warm)
+        for n in args.contexts:
+            ids = torch.randint(0, QWEN2_05B["vocab_size"], (1, n), generator=gen)
+            best = {impl: [float("inf"), float("inf")] for impl in IMPLS}
+            first_s = {}
+            # Alternate the implementations each repetition, so that drift of
+            # the machine's clock falls on both alike.
+            for rep in range(args.reps + 1):
+                for impl in IMPLS:
+                    model.set_attn_implementation(impl)
+                    s, out = timed(lambda: prefill(model, ids))
+                    if rep == 0:  # the first prefill of this length
+                        first_s[impl] = s
+                        continue
+                    best[impl][0] = min(best[impl][0], s)
+                    next_id = out.logits[:, -1:].argmax(-1)
+                    best[impl][1] = min(best[impl][1], decode(model, _cache_of(out), next_id,
+                                                              args.decode_tokens))
+            for impl in IMPLS:
+                pre, dec = best[impl]
+                row = dict(context=n, impl=impl, first_prefill_s=first_s[impl], prefill_s=pre, prefill_tok_s=n / pre,
+                           decode_ms_per_token=1e3 * dec)
+                rows.append(row)
+                print(f"{n:>8} {impl:>7} {first_s[impl]:>16.3f} {pre:>10.3f} {n / pre:>14.1f} {1e3 * dec:>14.2f}")
+            a, s = best["attend"], best["sdpa"]
+            print(f"{n:>8} {'ratio':>7} {first_s['sdpa'] / first_s['attend']:>16.2f} {s[0] / a[0]:>10.2f} "
+                  f"{'':>14} {s[1] / a[1]:>14.2f}   (sdpa / attend)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(cpu=cpu_model(), threads=torch.get_num_threads(), layers=args.layers, dtype=args.dtype,
+                           rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
