@@ -178,6 +178,28 @@ TEST(CudnnDeviceless, SeedCasesGetCudnnsVerdictForEachTarget) {
   }
 }
 
+// The descriptor is what cuDNN decides by, as on the GPU: the same H100 with
+// the opt-in shared memory of a smaller part (99 KB instead of 227 KB) loses
+// the engines of the 256/256 backward, while the forward keeps one.
+TEST(CudnnDeviceless, TheDescriptorsValuesDecideAsTheGpusWould) {
+  SKIP_WITHOUT_ENGINE();
+  const AssumedTarget h100 = target("h100");
+  cudnn::DeviceDescriptor small = cudnn::shipped_targets()[1];
+  ASSERT_EQ(small.key, "h100");
+  small.max_shared_memory_per_block_optin = 99 * 1024;
+  AssumedTarget t = h100;
+  t.label = "H100 with 99 KB of shared memory descriptor";
+  t.json = small.json();
+  AttentionSpec s = testing::cudnn_spec(256, 256, 1024, 16);
+  s.causal = true;
+  EXPECT_EQ(engine(s, Pass::backward, h100), "");
+  const std::string refused = engine(s, Pass::backward, t);
+  EXPECT_NE(refused.find("H100 with 99 KB of shared memory descriptor, deviceless: refused the backward graph"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(engine(s, Pass::forward, t), "");
+}
+
 struct Tally {
   int cases = 0, graphs = 0, agree = 0, loose = 0, strict = 0, accepted = 0;
   // Rules too strict, grouped by head dims and pass: count, one reason, the cases.
