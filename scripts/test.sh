@@ -12,3 +12,7 @@ bash "$root/scripts/cudnn-frontend.sh" >/dev/null || echo "test.sh: no cudnn-fro
 bash "$root/scripts/build.sh" -DATTEND_BUILD_CLI=ON -DATTEND_BUILD_TESTS=ON -DATTEND_BUILD_BENCH=ON \
   -DATTEND_BUILD_PYTHON=ON -DATTEND_CUDA=AUTO -DATTEND_CUDNN=AUTO -DATTEND_CP_MPI=ON
 ctest --test-dir "$build" --output-on-failure -j "${ATTEND_JOBS:-$(nproc)}"
+# The cudnn rule-vs-engine sweep's figures (written where cuDNN could answer
+# deviceless; a passing test's output is otherwise not shown).
+sweep="$build/tests/cudnn_deviceless_sweep.txt"
+if [[ -f "$sweep" ]]; then cat "$sweep"; fi
