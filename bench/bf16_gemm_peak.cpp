@@ -65,6 +65,7 @@ Bf16GemmPeak measure_bf16_gemm_peak(std::int64_t n, const TimingOptions& options
   peak.reps = timing.reps;
   peak.gflops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / timing.best_s / 1e9;
 #else
+  (void)options;
   peak.impl = "oneDNN not in this build (libdnnl-dev): not measured";
 #endif
   return peak;
