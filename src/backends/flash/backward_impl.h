@@ -36,29 +36,79 @@
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
-// dO . O summed in the order of a dP = dO V^T GEMM lane: fused multiply-adds
-// over the head dim, from 0. See softmax_grad_rows.
+// D_i = rowsum(dO_i * O_i) of the softmax gradient dS = P (dP - D), for the
+// m rows from query i0 (dO f32 with row stride ldd, O of element type E with
+// row stride lds) whose visible keys are not all in the key block
+// [j0, j0 + n). The others are marked in `in_block` and take their D from the
+// tile (tile_softmax_grad), their dsum 0 until then.
 template <class S, class E>
-inline float lane_dot(const float* a, const E* b, std::int64_t n) {
-  float acc = 0.0f;
-  for (std::int64_t d = 0; d < n; ++d) acc = S::fmadd1(a[d], detail::to_f32(b[d]), acc);
-  return acc;
-}
-
-// D_i = rowsum(dO_i * O_i) of the softmax gradient dS = P (dP - D) for the m
-// rows from query i0 (dO f32 with row stride ldd, O of element type E with row
-// stride lds). A row that sees a single key has O = v exactly; its D is summed
-// in the dP GEMM lane's order, so that D equals its dP bit for bit and its dS,
-// dq and dk are exactly 0, as with a textbook D = sum_j P dP. (The vector dot
-// sums in another order, and the two differed by ~eps |dO| |v| sqrt(Dv), which
-// was all such a row's gradient held.) Other rows keep the vector dot.
-template <class S, class E>
-inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0, const float* dout,
-                              std::int64_t ldd, const E* out, std::int64_t lds, std::int64_t m, float* dsum) {
+inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0, std::int64_t j0,
+                              std::int64_t n, const float* dout, std::int64_t ldd, const E* out, std::int64_t lds,
+                              std::int64_t m, float* dsum, bool* in_block) {
   for (std::int64_t r = 0; r < m; ++r) {
     const detail::KeyRange vis = p.keys(i0 + r, span);
-    const float* a = dout + r * ldd;
-    dsum[r] = vis.end - vis.begin == 1 ? lane_dot<S>(a, out + r * lds, p.dv) : dot<S>(a, out + r * lds, p.dv);
+    in_block[r] = vis.begin >= j0 && vis.end <= j0 + n && vis.end > vis.begin;
+    dsum[r] = in_block[r] ? 0.0f : dot<S>(dout + r * ldd, out + r * lds, p.dv);
+  }
+  nan_unless_finite(dsum, m);
+}
+
+// D of the rows whose visible keys all lie in this tile (in_block), as the
+// textbook softmax backward forms it: D = sum_j P_ij dP_ij over the row's
+// keys, with P and dP (after dropout) of the tile whose columns start at key
+// jt (row stride ld). dS_ij = P_ij (dP_ij - D) is then a difference of large
+// terms when a row sees few keys, and only this D makes the rounding errors of
+// the dP_ij cancel in it as P concentrates on one key (dS_ij carries
+// P_ij sum_k P_ik (e_j - e_k)); rowsum(dO * O), formed from the rounded O
+// over Dv products, left an error ~eps |dO| |O| sqrt(Dv) that nothing scales
+// down: the strict rule's misses on rows of 2 to 7 keys at Dv = 128 to 512.
+// Summed in double (one rounding: at most a block of products per row, once).
+//
+// Such a row's P is also renormalised here, to the softmax of this tile's own
+// scores: P = exp(s - LSE) takes the forward's LSE, rounded to f32 (every P of
+// the row off by one factor 1 + d, |d| up to |LSE| 2^-24: 2e-6 at LSE = 32)
+// and summed from the forward's scores, whose rounding differs from these by
+// ~eps sum_d |q_d k_d| scale per key. An unnormalised D would leave d P_ij D
+// in each dS_ij, and P's that do not sum to 1 give a dS that is the gradient
+// of no softmax; divided by the row's mass, dS is the softmax gradient of the
+// scores as computed here, as in the naive algorithm. (rowsum(dO * O) is
+// normalised too: the forward divides O by its own sum.)
+//
+// All this holds only when the tile holds the row's whole softmax: the LSE may
+// be a longer row's (a ring step's block of keys, with the merged O and LSE),
+// where D has to come from dO * O and P from that LSE. The row's mass
+// sum_j P_ij (+ its sink's exp(z - LSE)) tells: 1 up to the roundings above
+// for a whole row; a partial row misses the other blocks' share, and one
+// whose missing share is below the tolerance (2^-19 + 2^-20 |LSE|: 16 ulps of
+// the LSE) gets an error below tol * max|dP - D|. Rows of a non-finite tile
+// keep rowsum(dO * O) (nonfinite_tile.h).
+template <class S, class E>
+inline void tile_softmax_grad(const FlashParams& p, const detail::SeqSpan& span, std::int64_t h, std::int64_t i0,
+                              std::int64_t jt, float* pt, const float* dp, std::int64_t ld, const float* lse,
+                              const bool* in_block, bool finite, const float* dout, std::int64_t ldd, const E* out,
+                              std::int64_t lds, std::int64_t m, float* dsum) {
+  const bool has_sink = p.sinks.any();
+  const double sink = p.sinks(h);
+  for (std::int64_t r = 0; r < m; ++r) {
+    if (!in_block[r]) continue;
+    if (finite && std::isfinite(lse[r])) {
+      const detail::KeyRange vis = p.keys(i0 + r, span);
+      float* pr = pt + r * ld;
+      const float* dpr = dp + r * ld;
+      const std::int64_t lo = vis.begin - jt, hi = vis.end - jt;
+      double mass = has_sink ? std::exp(sink - lse[r]) : 0.0, d = 0.0;
+      for (std::int64_t j = lo; j < hi; ++j) {
+        mass += pr[j];
+        d += static_cast<double>(pr[j]) * dpr[j];
+      }
+      if (std::abs(mass - 1.0) <= 0x1p-19 + 0x1p-20 * std::abs(lse[r])) {
+        const double inv = 1.0 / mass;
+        for (std::int64_t j = lo; j < hi; ++j) pr[j] = static_cast<float>(pr[j] * inv);
+        dsum[r] = static_cast<float>(d * inv);
+        continue;
+      }
+    }
+    dsum[r] = dot<S>(dout + r * ldd, out + r * lds, p.dv);
   }
   nan_unless_finite(dsum, m);
 }
@@ -242,8 +292,9 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
   float* ds = pt + BM * BN;            // BM x BN    dP, then scale * dS
   float* th = ds + BM * BN;            // BM x BN    1 - tanh^2 (softcap only)
   float* dq_tile = th + BM * BN;       // BM x dqp
-  float* dsum = dq_tile + BM * dqp;    // BM         D_i = dO_i . O_i
+  float* dsum = dq_tile + BM * dqp;    // BM         D_i
   float* lse = dsum + BM;              // BM
+  bool in_block[BM];                   // D_i from this tile (tile_softmax_grad)
 
   zero_dq_accum<S>(p, task, span, scratch);  // this task owns these dQ rows
 
@@ -268,7 +319,8 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
         const std::int64_t row0 = span.q_begin + i0;
         padded_rows<S>(p.q_as<E>() + p.sq.offset(b, row0, h), p.sq.s, m, dqk, dqp, qblk);
         padded_rows<S>(p.dout_as<E>() + p.sdo.offset(b, row0, h), p.sdo.s, m, dv, dvp, doblk);
-        softmax_grad_rows<S>(p, span, i0, doblk, dvp, p.out_as<E>() + p.so.offset(b, row0, h), p.so.s, m, dsum);
+        const E* out = p.out_as<E>() + p.so.offset(b, row0, h);
+        softmax_grad_rows<S>(p, span, i0, j0, n, doblk, dvp, out, p.so.s, m, dsum, in_block);
         for (std::int64_t r = 0; r < m; ++r) lse[r] = p.lse[p.slse.offset(b, row0 + r, h)];
         prefetch_next_block<S, E>(p, task, span, scratch, BM, BN, g, i0, j0);
 
@@ -323,6 +375,9 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
         finite = finite && tile_finite<S>(t_ds, m, nc, BN);
         const Tile dtile{b, h, i0, m, j0 + c0, nk, span, t_ds, BN, false, m, nc};
         if (p.dropout) apply_dropout(p, dtile);
+        tile_softmax_grad<S>(p, span, h, i0, j0 + c0, t_p, t_ds, BN, lse, in_block, finite, doblk, dvp, out, p.so.s, m,
+                             dsum);
+        finite = finite && lse_and_d_clean(lse, dsum, m);
         const V vscale = S::set1(p.scale);
         for (std::int64_t r = 0; r < m; ++r) {
           const V vd = S::set1(dsum[r]);
