@@ -16,6 +16,7 @@ import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _C
+from .errors import AttendError
 
 
 def set_policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] = (), log: str = "off",
@@ -159,7 +160,21 @@ def explain(mode: str = "training", device: str = "cpu", target: Optional[str] =
     for where this machine has none (sets ATTEND_CUDNN_TARGET for the process): a
     named GPU adds cuDNN's own deviceless verdict on each pass's graph.
     Never raises for "nothing fits" (``selected`` is then None)."""
-    if target is not None:
-        os.environ["ATTEND_CUDNN_TARGET"] = target
-    table, js = _C.evaluate(spec, mode, device)
+    if target is None:
+        table, js = _C.evaluate(spec, mode, device)
+        return Explanation(table, js)
+    before = os.environ.get("ATTEND_CUDNN_TARGET")
+    os.environ["ATTEND_CUDNN_TARGET"] = target
+    try:
+        table, js = _C.evaluate(spec, mode, device)
+    except AttendError as e:
+        # A refused target must not stay behind for every later selection.
+        if before is None:
+            del os.environ["ATTEND_CUDNN_TARGET"]
+        else:
+            os.environ["ATTEND_CUDNN_TARGET"] = before
+        if e.field != "ATTEND_CUDNN_TARGET":
+            raise
+        raise type(e)(str(e).replace("ATTEND_CUDNN_TARGET", "target", 1), "target", e.value, e.limit,
+                      e.detail) from None
     return Explanation(table, js)

@@ -2,6 +2,8 @@
 the cudnn backend is told to answer for (issue 35). Skipped where the build has no cudnn backend or a GPU is
 present (the check then asks the device, not the target)."""
 
+import os
+
 import pytest
 
 import attend
@@ -46,6 +48,10 @@ def test_a_named_gpu_gets_cudnns_own_verdict_or_the_reason_it_could_not_be_asked
         assert asked or unavailable, str(e)
 
 
-def test_explain_with_an_unknown_gpu_is_an_error_naming_the_variable(target_env):
-    with pytest.raises(attend.AttendError, match="ATTEND_CUDNN_TARGET.*h900"):
+def test_explain_with_an_unknown_gpu_is_an_error_naming_the_argument_and_leaves_no_trace(target_env):
+    with pytest.raises(attend.AttendError, match="target.*h900") as refused:
         attend.explain(device="cuda", target="h900", mode="inference", **MLA)
+    assert refused.value.field == "target" and refused.value.value == "h900"
+    # The target the process had before is in force again: later calls work.
+    assert os.environ["ATTEND_CUDNN_TARGET"] == "sm_90"
+    attend.explain(device="cuda", mode="inference", **MLA)
