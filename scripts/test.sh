@@ -11,8 +11,10 @@ bash "$root/scripts/cudnn-frontend.sh" >/dev/null || echo "test.sh: no cudnn-fro
 # has tests, benchmarks, MPI and CUDA switched off in its cache.
 bash "$root/scripts/build.sh" -DATTEND_BUILD_CLI=ON -DATTEND_BUILD_TESTS=ON -DATTEND_BUILD_BENCH=ON \
   -DATTEND_BUILD_PYTHON=ON -DATTEND_CUDA=AUTO -DATTEND_CUDNN=AUTO -DATTEND_CP_MPI=ON
-ctest --test-dir "$build" --output-on-failure -j "${ATTEND_JOBS:-$(nproc)}"
-# The cudnn rule-vs-engine sweep's figures (written where cuDNN could answer
-# deviceless; a passing test's output is otherwise not shown).
+# The cudnn rule-vs-engine sweep writes its figures here where cuDNN could
+# answer deviceless (a passing test's output is otherwise not shown); a file
+# left by an earlier run must not pass for this one's.
 sweep="$build/tests/cudnn_deviceless_sweep.txt"
+rm -f "$sweep"
+ctest --test-dir "$build" --output-on-failure -j "${ATTEND_JOBS:-$(nproc)}"
 if [[ -f "$sweep" ]]; then cat "$sweep"; fi
