@@ -24,6 +24,7 @@ spec parsed once per signature, and for training a lean autograd.Function
 whose backward runs from the saved tensors on forward's plan.
 """
 
+import math
 import torch
 
 from . import _C, _arrays
@@ -169,6 +170,11 @@ def spec_text(spec):
             text = value
         elif kind == "bool" or value is True or value is False:
             text = "true" if value else "false"
+        elif kind in ("int", "uint") and isinstance(value, float) and not (math.isfinite(value)
+                                                                          and value == int(value)):
+            # Not an integer: passed as written, so the native parse refuses it
+            # by name (int() would truncate 2.5 to 2, silently, in a trace).
+            text = f"{value}"
         else:
             number = _NUMBERS.get(kind)
             # (str() of a float cannot be traced by dynamo; f-strings can)

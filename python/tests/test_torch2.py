@@ -107,6 +107,20 @@ def test_the_ops_pass_torch_library_opcheck():
 
 
 @pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
+@pytest.mark.parametrize("bad", [2.5, float("nan"), float("inf")])
+def test_a_non_integral_int_field_reaches_the_op_as_written_and_is_refused_by_name(bad):
+    # In a trace the spec is not parsed in Python: spec_text must not truncate
+    # 2.5 to 2 (a silently different window), but hand it to the native parse.
+    q, k, v = (randn(1, 8, 2, 16, seed=s) for s in range(3))
+    spec = attend.torch._autograd.spec_text(dict(batch=1, seqlen_q=8, seqlen_kv=8, heads_q=2, heads_kv=2,
+                                                 head_dim_qk=16, head_dim_v=16, layout="bshd", window_left=bad))
+    assert f"window_left={bad}" in spec
+    with pytest.raises(attend.InvalidArgumentError) as e:
+        torch.ops.attend.attention_forward.default(q, k, v, None, None, None, None, None, spec, "inference")
+    assert e.value.field == "window_left"
+
+
+@pytest.mark.skipif(not attend.torch.HAS_TORCH_LIBRARY_OPS, reason="torch.library.custom_op needs torch >= 2.4")
 def test_dynamic_shapes_compile_and_match_eager():
     # The ops read sizes from their tensors, so one graph serves every sequence length.
     def fn(q, k, v):
