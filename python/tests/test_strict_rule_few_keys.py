@@ -100,7 +100,11 @@ def drawn_cases(count, seed=37):
         scale = rng.uniform(0.05, 1.55) if rng.random() < 0.5 else None
         mask = rng.randrange(4)
         causal = mask in (1, 3)
-        window = (rng.randint(0, sk), rng.randint(-1, 2)) if mask == 2 else ((rng.randint(0, 4), -1) if mask == 3 else (-1, -1))
+        window = (-1, -1)
+        if mask == 2:
+            window = (rng.randint(0, sk), rng.randint(-1, 2))
+        elif mask == 3:
+            window = (rng.randint(0, 4), -1)
         softcap = float(rng.randint(1, 50)) if rng.random() < 0.3 else 0.0
         cases.append((1, sq, sk, hq, hk, dqk, dv, scale, causal, window, softcap))
     return cases
