@@ -236,7 +236,9 @@ void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
 
 }  // namespace
 
-void fill_normal(const Tensor& t, std::uint64_t seed, std::uint32_t stream, double mean, double stddev, int threads) {
+// Built without OpenMP (bench/ compiles this file on its own), one thread.
+void fill_normal(const Tensor& t, std::uint64_t seed, std::uint32_t stream, double mean, double stddev,
+                 [[maybe_unused]] int threads) {
   const std::int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
   void* data = t.data();
   const DType dtype = t.view().dtype;
