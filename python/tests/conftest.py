@@ -66,6 +66,26 @@ def check_close(name, got, ref, pt, c=2.0):
     assert err <= bound, f"{name}: max err {err:.3e} > {c}*{err_pt:.3e} + floor = {bound:.3e}"
 
 
+# FlashAttention's strict rule for f32 gradients: err <= 3 x err(naive f32 math) + 1e-5, both against float64.
+STRICT_ATOL = 1e-5
+
+
+def grad_ratios(got, ref, naive, names=("dq", "dk", "dv")):
+    """{name: (err / bound, err, err_naive)} for each gradient: > 1 breaks the strict rule."""
+    ratios = {}
+    for name, g, r, n in zip(names, got, ref, naive):
+        err = (g.double() - r.double()).abs().max().item()
+        err_naive = (n.double() - r.double()).abs().max().item()
+        ratios[name] = (err / (3 * err_naive + STRICT_ATOL), err, err_naive)
+    return ratios
+
+
+def assert_strict(ratios, where=""):
+    bad = {k: v for k, v in ratios.items() if v[0] > 1}
+    assert not bad, (where + ": " if where else "") + ", ".join(
+        f"{k}: err {e:.3e} > 3 x naive f32 {n:.3e} + {STRICT_ATOL}" for k, (_, e, n) in bad.items())
+
+
 def check_attention(fn, ref_fn, inputs, grad_c=3.0, out_c=2.0, seed=0):
     """Runs fn (the attend call) and ref_fn(upcast, reorder) on the same leaf
     tensors, checks the output and every leaf's gradient with §3.3."""

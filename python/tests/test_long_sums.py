@@ -13,9 +13,8 @@ import pytest
 import torch
 
 from attend.torch import flash_attn_func
-from conftest import math_attention, randn
+from conftest import assert_strict, grad_ratios, math_attention, randn
 
-STRICT_ATOL = 1e-5
 
 
 def strict_ratios(b, sq, sk, hq, hk, dqk, dv, causal, seed):
@@ -38,17 +37,7 @@ def strict_ratios(b, sq, sk, hq, hk, dqk, dv, causal, seed):
 
     got = grads(lambda q, k, v: flash_attn_func(q, k, v, causal=causal))
     ref, naive = grads(math(True)), grads(math(False))
-    ratios = {}
-    for name, g, r, n in zip(("dq", "dk", "dv"), got, ref, naive):
-        err = (g.double() - r.double()).abs().max().item()
-        err_naive = (n.double() - r.double()).abs().max().item()
-        ratios[name] = (err / (3 * err_naive + STRICT_ATOL), err, err_naive)
-    return ratios
-
-
-def assert_strict(ratios):
-    bad = {k: v for k, v in ratios.items() if v[0] > 1}
-    assert not bad, ", ".join(f"{k}: err {e:.3e} > 3 x naive f32 {n:.3e} + {STRICT_ATOL}" for k, (_, e, n) in bad.items())
+    return grad_ratios(got, ref, naive)
 
 
 def test_mqa_single_key_dv_sum_of_1028_rows_meets_strict_rule():

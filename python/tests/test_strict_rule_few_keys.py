@@ -17,9 +17,8 @@ import torch
 
 import attend
 from attend.torch import flash_attn_func
-from conftest import randn
+from conftest import assert_strict, grad_ratios, randn
 
-STRICT_ATOL = 1e-5
 FAMILIES = ("avx512bf16", "avx512", "avx2", "scalar")
 
 
@@ -71,12 +70,7 @@ def strict_ratios(case, seed):
                                                 softcap=softcap))
     ref = grads(lambda q, k, v: math_attention(q, k, v, scale, causal, window, softcap, True))
     naive = grads(lambda q, k, v: math_attention(q, k, v, scale, causal, window, softcap, False))
-    ratios = {}
-    for name, g, r, n in zip(("dq", "dk", "dv"), got, ref, naive):
-        err = (g.double() - r.double()).abs().max().item()
-        err_naive = (n.double() - r.double()).abs().max().item()
-        ratios[name] = (err / (3 * err_naive + STRICT_ATOL), err, err_naive)
-    return ratios
+    return grad_ratios(got, ref, naive)
 
 
 # (B, Sq, Sk, heads, kv heads, D, Dv, scale, causal, window, softcap)
@@ -108,12 +102,6 @@ def drawn_cases(count, seed=37):
         softcap = float(rng.randint(1, 50)) if rng.random() < 0.3 else 0.0
         cases.append((1, sq, sk, hq, hk, dqk, dv, scale, causal, window, softcap))
     return cases
-
-
-def assert_strict(ratios, where):
-    bad = {k: v for k, v in ratios.items() if v[0] > 1}
-    assert not bad, where + ": " + ", ".join(
-        f"{k}: err {e:.3e} > 3 x naive f32 {n:.3e} + {STRICT_ATOL}" for k, (_, e, n) in bad.items())
 
 
 @pytest.mark.parametrize("family", FAMILIES)
