@@ -283,6 +283,12 @@ struct HeadState {
   float* acc;      // m x lda: unnormalised output
   float* row_max;  // m
   float* row_sum;  // m
+  // Level 2 of the output and the row sums (fold_blocks): acc and row_sum
+  // are folded into them every few blocks and emptied; scale2 is the product
+  // of the rescale factors met since the last fold, which level 2 still owes.
+  float* acc2;    // m x lda
+  float* sum2;    // m
+  float* scale2;  // m
 };
 
 inline HeadState carve(const DecodeParams& p, float* base) {
@@ -293,6 +299,9 @@ inline HeadState carve(const DecodeParams& p, float* base) {
   h.acc = h.s + rows * kBlockN;
   h.row_max = h.acc + rows * p.plan.dvp;
   h.row_sum = h.row_max + rows;
+  h.acc2 = h.row_sum + rows;
+  h.sum2 = h.acc2 + rows * p.plan.dvp;
+  h.scale2 = h.sum2 + rows;
   return h;
 }
 
@@ -338,6 +347,7 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
         const V av = Simd::set1(alpha);
         for (std::int64_t d = 0; d < lda; d += W) Simd::store(a + d, Simd::mul(Simd::load(a + d), av));
         st.row_sum[r] *= alpha;
+        st.scale2[r] *= alpha;
         st.row_max[r] = new_max;
       }
       st.row_sum[r] += Simd::reduce_add(sum);
@@ -391,6 +401,29 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
   prefetch_rows(next.v, next.n, p.dv);  // no row took a P V step
 }
 
+// A split's output is summed in two levels (issue 36, row 8): pv_panel adds
+// each key's P v to the level-1 accumulator one after the other, which every
+// K blocks is folded into level 2 and emptied. In one f32 accumulator the
+// rounding errors of N keys grow as N (0.26 relative at 2^31 identical keys
+// in one split); in two levels as K * kBlockN + blocks / K, least at K =
+// sqrt(blocks / kBlockN). The floor keeps splits of up to 256 keys on one
+// level (no fold, results as before).
+inline std::int64_t fold_blocks(std::int64_t blocks) {
+  const double k = std::sqrt(static_cast<double>(blocks) / static_cast<double>(kBlockN));
+  return std::max<std::int64_t>(16, static_cast<std::int64_t>(k));
+}
+
+// dst = acc2 * scale2 + acc, row by row, and likewise for the row sums.
+inline void fold_rows(const HeadState& st, std::int64_t m, std::int64_t lda, float* dst, float* dst_sum) {
+  for (std::int64_t r = 0; r < m; ++r) {
+    const V a = Simd::set1(st.scale2[r]);
+    const float *hi = st.acc2 + r * lda, *lo = st.acc + r * lda;
+    for (std::int64_t d = 0; d < lda; d += W)
+      Simd::store(dst + r * lda + d, Simd::fmadd(Simd::load(hi + d), a, Simd::load(lo + d)));
+    dst_sum[r] = std::fma(st.sum2[r], st.scale2[r], st.row_sum[r]);
+  }
+}
+
 // One split of sequence b for kv heads [hk0, hk1): the heads advance through
 // the split's key blocks together, so each block's token rows (all heads side
 // by side in memory) are streamed once, and the next block is prefetched.
@@ -415,9 +448,12 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
         std::fill(st.qs + r * ldq + dqk, st.qs + (r + 1) * ldq, 0.0f);
       }
       std::fill(st.acc + r * lda, st.acc + (r + 1) * lda, 0.0f);
+      std::fill(st.acc2 + r * lda, st.acc2 + (r + 1) * lda, 0.0f);
       std::fill(st.s + r * kBlockN, st.s + (r + 1) * kBlockN, 0.0f);
       st.row_max[r] = kNegInf;
       st.row_sum[r] = 0.0f;
+      st.sum2[r] = 0.0f;
+      st.scale2[r] = 1.0f;
     }
   }
 
@@ -428,7 +464,22 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
   const E* vr[kBlockN];
   const E* nk[kBlockN];
   const E* nv[kBlockN];
+  const std::int64_t fold_every = fold_blocks((c1 - c0 + kBlockN - 1) / kBlockN);
+  std::int64_t since_fold = 0;
+  bool folded = false;
   for (std::int64_t j0 = c0; j0 < c1; j0 += kBlockN) {
+    if (since_fold == fold_every) {  // only ever with blocks left: the last fold is after the loop
+      for (std::int64_t hk = hk0; hk < hk1; ++hk) {
+        const HeadState st = carve(p, scratch + (hk - hk0) * p.plan.head_floats);
+        fold_rows(st, m, lda, st.acc2, st.sum2);
+        std::fill(st.acc, st.acc + m * lda, 0.0f);
+        std::fill(st.row_sum, st.row_sum + m, 0.0f);
+        std::fill(st.scale2, st.scale2 + m, 1.0f);
+      }
+      folded = true;
+      since_fold = 0;
+    }
+    ++since_fold;
     const std::int64_t n = std::min(kBlockN, c1 - j0), nn = std::min(kBlockN, c1 - j0 - kBlockN);
     for (std::int64_t hk = hk0; hk < hk1; ++hk) {
       if (nn > 0) p.gather(b, hk, j0 + kBlockN, nn, nk, nv);
@@ -443,6 +494,7 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
   for (std::int64_t hk = hk0; hk < hk1; ++hk) {
     const HeadState st = carve(p, scratch + (hk - hk0) * p.plan.head_floats);
     const RowSink<E> sink{p, b, hk, split, direct};
+    if (folded) fold_rows(st, m, lda, st.acc, st.row_sum);
     for (std::int64_t r = 0; r < m; ++r) sink.write(r, st.acc + r * lda, st.row_max[r], st.row_sum[r]);
   }
 }

@@ -30,8 +30,9 @@ SplitPlan plan_splits(const AttentionSpec& s) {
   p.max_rows = sat_mul(s.group_size(), s.seqlen_q);
   p.dqkp = round_up(s.head_dim_qk, kPad);
   p.dvp = round_up(s.head_dim_v, kPad);
-  // Scaled q rows, scores, output accumulators, running max and sum.
-  p.head_floats = sat_add(sat_mul(p.max_rows, p.dqkp + kBlockN + p.dvp + 2), 2 * kPad);
+  // Scaled q rows, scores, output accumulators, running max and sum, and
+  // the second level of the output and sum with its pending rescale.
+  p.head_floats = sat_add(sat_mul(p.max_rows, p.dqkp + kBlockN + 2 * p.dvp + 4), 2 * kPad);
   // Heads per task while one head's working set is small (decode shapes): up to
   // all of them, within ~1 MiB of scratch.
   constexpr std::int64_t kChunkFloats = std::int64_t{1} << 18;

@@ -30,6 +30,8 @@ namespace attend::flash::ATTEND_FLASH_ISA {
 
 // Scratch floats of the bf16 forward beyond forward_scratch_floats: P as key
 // pairs; for AMX, head-dim pairs padded to 16 (Q^T, K) and V^T beside V's pairs.
+// (The level-2 accumulator and sums are forward_scratch_floats' own: the
+// pairs leave the f32 layout's room to spare.)
 template <class S>
 std::int64_t forward_bf16_extra_floats(std::int64_t, std::int64_t dv) {
   using T = KernelTraits<S>;
@@ -89,6 +91,10 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   float* row_max = acc + BM * dvp;
   float* row_sum = row_max + BM;
   float* alpha = row_sum + BM;
+  // Level 2 of the output and row sums (forward_impl.h, fold_blocks), in acc's layout.
+  float* acc2 = alpha + 2 * BM;
+  float* sum2 = acc2 + BM * dvp;
+  float* scale2 = sum2 + BM;
 
   pack_pairs_transposed(p.q_as<bf16_t>() + p.sq.offset(b, span.q_begin + i0, h), p.sq.s, m, mp, dqk, kp, qt2, BM);
   std::fill(row_max, row_max + mp, kNegInf);
@@ -104,7 +110,39 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   const bool raw = plain && p.scale > 0;
   const float to_log2 = (raw ? p.scale : 1.0f) * cpu::kLog2e;
   const __mmask16 dv_tail = static_cast<__mmask16>((1u << (dv % 16)) - 1u);
+  // A block adds to an accumulator element once per key pair (vdpbf16ps), or
+  // once per 32 keys (an AMX tile step).
+  const std::int64_t fold_every = fold_blocks((last.end - first.begin + BN - 1) / BN, kAmx ? BN / 32 : BN / 2);
+  std::int64_t since_fold = 0;
+  bool folded = false;
+  // dst = hi * scale2 + lo (copy: lo) over the accumulators and row sums.
+  const auto fold = [&](float* dst, const float* hi, const float* lo, float* dst_sum, const float* hi_sum,
+                        const float* lo_sum, bool copy) {
+    if constexpr (kAmx) {  // O^T: the factors run along each row
+      for (std::int64_t d = 0; d < dvp; ++d) {
+        for (std::int64_t c = 0; c < mp; c += S::W) {
+          const V l = S::load(lo + d * BM + c);
+          S::store(dst + d * BM + c, copy ? l : S::fmadd(S::load(hi + d * BM + c), S::load(scale2 + c), l));
+        }
+      }
+      for (std::int64_t c = 0; c < mp; c += S::W) {
+        const V l = S::load(lo_sum + c);
+        S::store(dst_sum + c, copy ? l : S::fmadd(S::load(hi_sum + c), S::load(scale2 + c), l));
+      }
+    } else {
+      fold_level<S>(dst, hi, lo, m, dvp, dvp, dst_sum, hi_sum, lo_sum, scale2, copy);
+    }
+  };
   for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
+    if (since_fold == fold_every) {  // only ever with blocks left: the last fold is after the loop
+      fold(acc2, acc2, acc, sum2, sum2, row_sum, !folded);
+      std::fill(acc, acc + (kAmx ? dvp * BM : m * dvp), 0.0f);
+      std::fill(row_sum, row_sum + mp, 0.0f);
+      std::fill(scale2, scale2 + mp, 1.0f);
+      folded = true;
+      since_fold = 0;
+    }
+    ++since_fold;
     const std::int64_t n = std::min(BN, last.end - j0), np = (n + 1) / 2;
     for (std::int64_t j = 0; j < n; ++j) {
       std::uint32_t* row = kblk2 + j * kp;
@@ -174,6 +212,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
           const V a = S::load(alpha + c);
           if (_mm512_cmp_ps_mask(a, S::set1(1.0f), _CMP_NEQ_UQ) == 0) continue;
           for (std::int64_t d = 0; d < dvp; ++d) S::store(acc + d * BM + c, S::mul(S::load(acc + d * BM + c), a));
+          if (folded) S::store(scale2 + c, S::mul(S::load(scale2 + c), a));
         }
       } else {
         for (std::int64_t r = c0; r < c0 + mc; ++r) {
@@ -181,6 +220,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
           const V a = S::set1(alpha[r]);
           for (std::int64_t d = 0; d < dvp; d += S::W)
             S::store(acc + r * dvp + d, S::mul(S::load(acc + r * dvp + d), a));
+          if (folded) scale2[r] *= alpha[r];
         }
       }
     }
@@ -230,6 +270,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     }
   }
 
+  if (folded) fold(acc, acc2, acc, row_sum, sum2, row_sum, false);
   // The row ends take the softmax state's place (alpha's is free now).
   const float *lse = row_max, *inv = row_sum, *empty = alpha;
   if (raw) {

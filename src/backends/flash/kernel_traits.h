@@ -60,13 +60,15 @@ template <class Simd>
 constexpr std::int64_t forward_scratch_floats(std::int64_t dqk, std::int64_t dv) {
   using T = KernelTraits<Simd>;
   const std::int64_t dvp = round_up(dv, Simd::W);
-  return dqk * T::fwd_m          // Qt: scale * Q^T
-         + T::fwd_n * dqk        // K block
-         + T::fwd_n * dvp        // V block
-         + T::fwd_n * T::fwd_m   // S^T / P^T
-         + T::fwd_m * dvp        // O accumulator
-         + 4 * T::fwd_m          // running max, running sum, rescale factors, scratch
-         + 64;                   // alignment slack
+  return dqk * T::fwd_m         // Qt: scale * Q^T
+         + T::fwd_n * dqk       // K block
+         + T::fwd_n * dvp       // V block
+         + T::fwd_n * T::fwd_m  // S^T / P^T
+         + T::fwd_m * dvp       // O accumulator
+         + 4 * T::fwd_m         // running max, running sum, rescale factors, scratch
+         + T::fwd_m * dvp       // level-2 O accumulator (forward_impl.h, fold_blocks)
+         + 2 * T::fwd_m         // level-2 row sums, their pending rescale
+         + 64;                  // alignment slack
 }
 
 template <class Simd>
