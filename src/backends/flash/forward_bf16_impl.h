@@ -107,8 +107,13 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
   // The units of the scores and of row_max: raw QK^T when only the mask acts
   // on them and the scale is positive (max commutes with it), else logits.
-  const bool raw = plain && p.scale > 0;
-  const float to_log2 = (raw ? p.scale : 1.0f) * cpu::kLog2e;
+  // Raw units also need scale * log2 e and the lazy growth in raw units
+  // (kLazyGrowth over it) to be normal floats: at scales near 0 or FLT_MAX
+  // one of them is 0 or inf, and -inf + inf or 0 * inf would make NaN of
+  // the reference max or the exponent; such scales take the logits' path.
+  const float raw_to_log2 = p.scale * cpu::kLog2e;
+  const bool raw = plain && std::isnormal(raw_to_log2) && std::isnormal(kLazyGrowth / raw_to_log2) && p.scale > 0;
+  const float to_log2 = raw ? raw_to_log2 : cpu::kLog2e;
   const __mmask16 dv_tail = static_cast<__mmask16>((1u << (dv % 16)) - 1u);
   // A block adds to an accumulator element once per key pair (vdpbf16ps), or
   // once per 32 keys (an AMX tile step).

@@ -169,6 +169,24 @@ TEST(FlashHalfLazyMax, GrowingScoresAcrossKeyBlocksMeetTheBaseline) {
   }
 }
 
+// The raw-score path folds the scale into exp2's exponent and the lazy max's
+// growth into score units: scales so small or so large that either overflows
+// or vanishes in f32 must still give the reference's answer, as the f32
+// kernels do (at 1e-39 the logits are ~0: uniform weights; at 2.5e38 they
+// are huge: one key per query).
+TEST(FlashHalfLazyMax, ExtremeScalesMeetTheBaseline) {
+  for (const double scale : {1e-39, 2.5e38}) {
+    AttentionSpec s = base(40, 300, 64, 64);
+    s.scale = scale;
+    const testing::Problem half = testing::problem_as(testing::make_problem(s, 25), DType::bf16);
+    const auto flash = make_flash_backend();
+    const testing::PassResults got = testing::run_backend(*flash, half, true);
+    const testing::HalfBaseline b = testing::half_baseline(half, testing::problem_as(half, DType::f64), true);
+    SCOPED_TRACE(scale);
+    testing::expect_half_results(got, b, DType::bf16, true);
+  }
+}
+
 // Kernels read exactly the rows' elements: NaNs right after each row (where a
 // padded pair or a vector tail could reach) change no bit of any result.
 TEST(FlashHalfStrided, ValuesBetweenRowsNeverReachResults) {
