@@ -409,8 +409,9 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
 // sqrt(blocks / kBlockN). The floor keeps splits of up to 256 keys on one
 // level (no fold, results as before).
 inline std::int64_t fold_blocks(std::int64_t blocks) {
-  const double k = std::sqrt(static_cast<double>(blocks) / static_cast<double>(kBlockN));
-  return std::max<std::int64_t>(16, static_cast<std::int64_t>(k));
+  constexpr std::int64_t kFloor = 16;
+  if (blocks < kFloor * kFloor * kBlockN) return kFloor;  // also an empty range (blocks <= 0)
+  return static_cast<std::int64_t>(std::sqrt(static_cast<double>(blocks) / static_cast<double>(kBlockN)));
 }
 
 // dst = acc2 * scale2 + acc, row by row, and likewise for the row sums.

@@ -62,9 +62,12 @@ inline typename S::V pack_kv_row(const E* k, const E* v, std::int64_t dqk, std::
 // over both accumulators: every 16 blocks it cost 1-2 % at 8192 keys, every
 // 64 it is within the noise (16384 keys: +0.6 %). Below 2^19 keys the floor
 // is above sqrt(...), and 64 blocks in one level still err by ~1e-6.
+// A query block that sees no key at all has a key range of end < begin, so
+// `blocks` may be negative: below the floor's square nothing is computed.
 inline std::int64_t fold_blocks(std::int64_t blocks, std::int64_t serial) {
-  const double k = std::sqrt(static_cast<double>(blocks) / static_cast<double>(serial));
-  return std::max<std::int64_t>(64, static_cast<std::int64_t>(k));
+  constexpr std::int64_t kFloor = 64;
+  if (blocks < kFloor * kFloor * serial) return kFloor;
+  return static_cast<std::int64_t>(std::sqrt(static_cast<double>(blocks) / static_cast<double>(serial)));
 }
 
 // dst = hi * scale[r] + lo for `rows` rows of n floats (ld apart; first: dst =
