@@ -151,7 +151,8 @@ void add_problem_flags(CLI::App& app, ProblemFlags& f) {
   app.add_option("--disable", f.disable, "never use these backends, e.g. a,b (adds to ATTEND_DISABLE)")
       ->delimiter(',')->group(m);
   app.add_option("--isa", f.isa,
-                 "widest CPU kernel family: avx512amx|avx512bf16|avx512|avx2|scalar (overrides ATTEND_ISA)")
+                 "widest CPU kernel family: avx512amx|avx512bf16|avx512|avx2|scalar, or avx512amx-emu "
+                 "(AMX kernels on emulated tiles; overrides ATTEND_ISA)")
       ->group(m);
   app.add_option("--select", f.select,
                  "selection strategy: priority, or autotune (time the viable plans once per shape bucket; "

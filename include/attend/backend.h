@@ -123,6 +123,9 @@ struct Variant {
   // CPU kernel families: their instruction-set level (0 scalar, 1 avx2, 2 avx512,
   // 3 avx512bf16, 4 avx512amx), which the ATTEND_ISA policy caps; -1: not an ISA family.
   int isa_level = -1;
+  // Never picked on its own (an emulation, a debugging aid): it runs only where
+  // the ATTEND_ISA policy names it, and is then its backend's only variant.
+  bool on_request = false;
 };
 
 // Where and how a backend runs a problem: the tensors' device and one of its

@@ -39,6 +39,9 @@ struct Policy {
   // avx512, avx2 or scalar. A backend runs its best variant at or below it
   // (decode has no bf16-GEMM families: it runs avx512 under avx512amx). Naming
   // a family this CPU lacks is an attend::Error at selection.
+  // avx512amx-emu is no cap but a request: flash runs its avx512amx kernels on
+  // the emulated tile unit (exact, some 100x slower; any CPU with AVX512-BF16),
+  // and every other backend as under avx512amx.
   std::optional<std::string> isa;
   LogLevel log = LogLevel::off;  // info: each new (spec, mode) once; debug: every call
   Strategy strategy = Strategy::priority;

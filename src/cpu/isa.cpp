@@ -26,7 +26,7 @@ std::optional<Isa> parse_isa(std::string_view text) {
   return std::nullopt;
 }
 
-std::string_view isa_names() { return "avx512amx, avx512bf16, avx512, avx2 or scalar"; }
+std::string_view isa_names() { return "avx512amx, avx512bf16, avx512, avx2, scalar or avx512amx-emu"; }
 
 namespace {
 

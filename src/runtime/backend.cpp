@@ -1,7 +1,9 @@
 #include "attend/backend.h"
 
+#include <algorithm>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 
 #include "attend/error.h"
@@ -68,14 +70,34 @@ int Backend::find_variant(std::string_view name) const {
 
 namespace {
 
-// Whether this process can run `v` within the policy's ISA cap.
-bool runnable(const Variant& v, int cap) { return v.unavailable.empty() && v.isa_level <= cap; }
+// Which of a backend's variants the process-wide policy lets run: those within
+// the ISA cap, never an on-request one, unless ATTEND_ISA names one of this
+// backend's variants: then that one alone.
+struct VariantGate {
+  int cap;                // throws for an ISA this CPU lacks
+  std::string requested;  // an on-request family ATTEND_ISA names, if this backend has it
+  explicit VariantGate(std::span<const Variant> all)
+      : cap(detail::policy_isa_cap()), requested(detail::policy_requested_family()) {
+    if (std::none_of(all.begin(), all.end(), [&](const Variant& v) { return v.name == requested; })) requested.clear();
+  }
+  bool runnable(const Variant& v) const {
+    if (!v.unavailable.empty()) return false;
+    if (!requested.empty()) return v.name == requested;
+    return !v.on_request && v.isa_level <= cap;
+  }
+  std::string why_not(const Variant& v) const {
+    if (!v.unavailable.empty()) return v.unavailable;
+    if (!requested.empty()) return "ATTEND_ISA=" + requested + " runs that variant alone";
+    if (v.on_request) return "runs only where ATTEND_ISA names it";
+    return "above the ATTEND_ISA cap";
+  }
+};
 
-// The first variant this process can run within the policy's ISA cap, or -1.
+// The first variant this process can run under the policy, or -1.
 int first_runnable(std::span<const Variant> all) {
-  const int cap = detail::policy_isa_cap();  // throws for an ISA this CPU lacks
+  const VariantGate gate(all);
   for (std::size_t i = 0; i < all.size(); ++i) {
-    if (runnable(all[i], cap)) return static_cast<int>(i);
+    if (gate.runnable(all[i])) return static_cast<int>(i);
   }
   return -1;
 }
@@ -98,10 +120,10 @@ Target Backend::resolve(const AttentionSpec& spec, Pass pass, const Target& targ
     // When none does, the last runnable one answers: variants go best first,
     // so the last is the most general and its reasons are the telling ones.
     const auto all = variants();
-    const int cap = detail::policy_isa_cap();
+    const VariantGate gate(all);
     int last = -1;
     for (std::size_t i = 0; i < all.size() && t.variant < 0; ++i) {
-      if (!runnable(all[i], cap)) continue;
+      if (!gate.runnable(all[i])) continue;
       last = static_cast<int>(i);
       if (check(spec, pass, Target{t.device, last}, Support::Detail::codes).ok()) t.variant = last;
     }
@@ -121,9 +143,8 @@ Support Backend::check(const AttentionSpec& spec, Pass pass, const Target& targe
     // ISA cap): an answer with the reasons, as for a variant named explicitly.
     sup.require(false, ReasonCode::variant, [&] {
       std::string why = "no variant of " + std::string(name()) + " can run here";
-      for (const Variant& v : variants()) {
-        why += "; " + v.name + ": " + (v.unavailable.empty() ? "above the ATTEND_ISA cap" : v.unavailable);
-      }
+      const VariantGate gate(variants());
+      for (const Variant& v : variants()) why += "; " + v.name + ": " + gate.why_not(v);
       return why;
     });
     return sup;

@@ -174,6 +174,13 @@ std::string policy_key(const Policy& p) {
 
 int isa_cap(const Policy& p) {
   if (!p.isa) return static_cast<int>(cpu::Isa::avx512amx);
+  if (*p.isa == cpu::kAmxEmulated) {
+    if (!cpu::supports(cpu::Isa::avx512bf16)) {
+      throw Error(ErrorCode::unsupported, p.isa_source, *p.isa,
+                  "the emulated AMX tiles run on AVX512-BF16, and " + std::string(cpu::missing(cpu::Isa::avx512bf16)));
+    }
+    return static_cast<int>(cpu::Isa::avx512amx);
+  }
   const auto isa = cpu::parse_isa(*p.isa);
   if (!isa) {
     throw Error(ErrorCode::invalid_argument, p.isa_source, *p.isa, "expected " + std::string(cpu::isa_names()));
@@ -184,6 +191,10 @@ int isa_cap(const Policy& p) {
   }
   return static_cast<int>(*isa);
 }
+
+std::string requested_family(const Policy& p) { return p.isa && *p.isa == cpu::kAmxEmulated ? *p.isa : std::string(); }
+
+std::string policy_requested_family() { return requested_family(policy_snapshot()->policy); }
 
 int policy_isa_cap() {
   const auto snap = policy_snapshot();

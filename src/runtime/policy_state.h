@@ -26,5 +26,10 @@ std::string policy_key(const Policy& policy);
 int isa_cap(const Policy& policy);
 // isa_cap of the process-wide policy.
 int policy_isa_cap();
+// The on-request kernel family policy.isa names (cpu::kAmxEmulated), or empty.
+// A backend with a variant of that name runs it alone; no other selection
+// takes an on-request variant (Variant::on_request).
+std::string requested_family(const Policy& policy);
+std::string policy_requested_family();
 
 }  // namespace attend::detail

@@ -49,8 +49,9 @@ def check(obj):
     problems = []
     for name, body in functions(obj):
         # Kernel code: the region's namespace, or anything instantiated on the family's
-        # Simd type (unique to this family, so never merged with another's copy).
-        kernel = f"isa_{family}::" in name or simd in name
+        # Simd type (unique to this family, so never merged with another's copy), or
+        # the AMX tile units (cpu/amx_tiles.h: defined only inside AVX-512 regions).
+        kernel = f"isa_{family}::" in name or simd in name or (simd == "SimdAvx512" and "AmxTiles" in name)
         if family == "scalar" or not kernel:
             forbidden, what = BEYOND_BASELINE, "beyond x86-64 baseline"
         elif family == "avx2":

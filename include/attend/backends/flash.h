@@ -14,7 +14,10 @@
 // family. Without it the best the CPU has is used, in the order avx512amx
 // (where CPU and OS allow AMX: the bf16 forward's and backward's GEMMs on AMX
 // tiles), avx512bf16 (the default where AVX512-BF16 comes without AMX, e.g. AMD
-// Zen 4/5: the same GEMMs on vdpbf16ps), avx512, avx2, scalar;
+// Zen 4/5: the same GEMMs on vdpbf16ps), avx512, avx2, scalar.
+// ATTEND_ISA=avx512amx-emu runs the avx512amx kernels on an emulated tile unit,
+// bit-identical to AMX hardware and some 100x slower, on any CPU with
+// AVX512-BF16 (the test suite runs the AMX family so); nothing else picks it.
 // ATTEND_NUM_THREADS caps its threads (else OpenMP's setting).
 #pragma once
 
@@ -35,8 +38,9 @@ inline constexpr std::int64_t kFlashMaxHeadDimV = 512;
 
 std::shared_ptr<const Backend> make_flash_backend();
 
-// The kernel family flash runs with: "avx512amx", "avx512bf16", "avx512", "avx2" or "scalar" (ATTEND_ISA, or
-// the widest this CPU supports). Throws attend::Error if ATTEND_ISA is invalid.
+// The kernel family flash runs with: "avx512amx", "avx512bf16", "avx512", "avx2", "scalar" or
+// "avx512amx-emu" (ATTEND_ISA, or the widest this CPU supports). Throws attend::Error if ATTEND_ISA is
+// invalid.
 std::string_view flash_active_isa();
 // Whether this CPU can run the named kernel family.
 bool flash_isa_supported(std::string_view isa);

@@ -1,7 +1,8 @@
 // The bf16 backward of the avx512amx and avx512bf16 families: backward_impl.h's
 // algorithm with its five GEMMs on bf16 pairs —
-//   kAmx = true  (avx512amx): AMX-BF16 tiles (gemm_amx.h)
-//   kAmx = false (avx512bf16): vdpbf16ps (gemm_bf16.h), for CPUs with AVX512-BF16
+//   Tiles = cpu::AmxTiles (avx512amx) or cpu::AmxTilesEmulated (its exact
+//           emulation, cpu/amx_tiles.h): AMX-BF16 tiles (gemm_amx.h)
+//   Tiles = void (avx512bf16): vdpbf16ps (gemm_bf16.h), for CPUs with AVX512-BF16
 //                and no AMX (AMD Zen 4/5)
 // on the same packed operands. Every operand is packed as bf16 pairs along the
 // GEMM's depth (A is row-major words, B "VNNI" words [pair][column]):
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
@@ -107,19 +109,20 @@ inline void pair_columns(const float* t, std::int64_t ld, std::int64_t qpairs, s
 }
 
 // C[rows x cols] (= or +=) A . B over `pairs` word pairs on the family's engine.
-template <class S, bool kAmx>
+template <class S, class Tiles>
 inline void bf16_gemm(std::int64_t rows, std::int64_t cols, std::int64_t pairs, const std::uint32_t* a,
                       std::int64_t lda, const std::uint32_t* b, std::int64_t ldb, float* c, std::int64_t ldc,
                       bool accumulate) {
-  if constexpr (kAmx) {
-    amx_gemm(rows, cols, pairs, a, lda, b, ldb, c, ldc, accumulate);
+  if constexpr (!std::is_void_v<Tiles>) {
+    amx_gemm<Tiles>(rows, cols, pairs, a, lda, b, ldb, c, ldc, accumulate);
   } else {
     dp_gemm<KernelTraits<S>::mr, KernelTraits<S>::nv>(rows, cols, pairs, MatW{a, lda, 1}, b, ldb, c, ldc, accumulate);
   }
 }
 
-template <class S, bool kAmx>
+template <class S, class Tiles>
 void backward_head_bf16_gemm(const FlashParams& p, const BackwardTask& task, float* scratch) {
+  constexpr bool kAmx = !std::is_void_v<Tiles>;
   static_assert(S::W == 16, "bf16-GEMM kernels are AVX-512 only");
   using Tr = KernelTraits<S>;
   using V = typename S::V;
@@ -131,8 +134,8 @@ void backward_head_bf16_gemm(const FlashParams& p, const BackwardTask& task, flo
   const detail::SeqSpan span = p.span(b);
   const std::int64_t dqk = p.dqk, dv = p.dv, dqp = round_up(dqk, S::W), dvp = round_up(dv, S::W);
   const std::int64_t kq = amx_pairs(dqk), kv = amx_pairs(dv);
-  if constexpr (kAmx) amx_configure();
-  const auto gemm = bf16_gemm<S, kAmx>;
+  if constexpr (kAmx) Tiles::configure();
+  const auto gemm = bf16_gemm<S, Tiles>;
 
   // backward_impl.h's f32 tiles (only the ones used here)...
   float* dk_acc = scratch + dqk * BN + dv * BN + BN * dqp;  // BN x dqp
@@ -267,7 +270,7 @@ void backward_head_bf16_gemm(const FlashParams& p, const BackwardTask& task, flo
   }
 
   store_dq_accum<S, bf16_t>(p, task, span, scratch);
-  if constexpr (kAmx) _tile_release();
+  if constexpr (kAmx) Tiles::release();
 }
 
 }  // namespace attend::flash::ATTEND_FLASH_ISA

@@ -22,4 +22,13 @@ const KernelTable& kernels_for(cpu::Isa isa) {
   return scalar;
 }
 
+const KernelTable& kernels_amx_emulated() {
+#if defined(__x86_64__)
+  static const KernelTable emulated = kernels_avx512amx_emulated();
+  return emulated;
+#else
+  return kernels_for(cpu::Isa::scalar);
+#endif
+}
+
 }  // namespace attend::flash

@@ -49,6 +49,8 @@ KernelTable kernels_avx512();
 KernelTable kernels_avx512bf16();
 // avx512bf16 plus AMX-BF16: the bf16 forward and backward run on AMX tiles.
 KernelTable kernels_avx512amx();
+// kernels_avx512amx on the emulated tile unit (cpu/amx_tiles.h): needs AVX512-BF16 only.
+KernelTable kernels_avx512amx_emulated();
 
 // flash's variants, best first: one kernel family per instruction set. bf16
 // decides the order (the f32/f16 kernels are avx512's in the top three):
@@ -61,5 +63,8 @@ inline constexpr int kNumFamilies = 5;
 
 // The table of a family (the caller checked that the CPU supports it).
 const KernelTable& kernels_for(cpu::Isa isa);
+// The avx512amx family on emulated tiles (cpu::kAmxEmulated); the caller checked
+// that the CPU has AVX512-BF16. Elsewhere than x86-64: the scalar table.
+const KernelTable& kernels_amx_emulated();
 
 }  // namespace attend::flash

@@ -78,6 +78,14 @@ std::vector<Variant> make_variants() {
     if (k.bf16.half_gemms) summary += "; bf16 GEMMs on " + std::string(k.bf16.half_gemms);
     v.push_back({std::string(cpu::to_string(isa)), summary, std::string(cpu::missing(isa)), static_cast<int>(isa)});
   }
+  // Last: the AMX family on the emulated tile unit, which runs only where
+  // ATTEND_ISA asks for it (so the tests run the AMX kernels on any AVX512-BF16 CPU).
+  const std::string bf16_missing(cpu::missing(cpu::Isa::avx512bf16));
+  v.push_back({std::string(cpu::kAmxEmulated),
+               std::string(flash::kernels_amx_emulated().isa) + " kernels; bf16 GEMMs on " +
+                   flash::kernels_amx_emulated().bf16.half_gemms,
+               bf16_missing.empty() ? "" : "the emulated AMX tiles run on AVX512-BF16: " + bf16_missing,
+               static_cast<int>(cpu::Isa::avx512amx), true});
   return v;
 }
 
@@ -202,7 +210,8 @@ class FlashBackend final : public Backend {
 
  private:
   static const flash::KernelTable& table(const Target& t) {
-    return flash::kernels_for(flash::kFamilies[static_cast<std::size_t>(t.variant)]);
+    const auto i = static_cast<std::size_t>(t.variant);
+    return i < std::size(flash::kFamilies) ? flash::kernels_for(flash::kFamilies[i]) : flash::kernels_amx_emulated();
   }
   // Floats of one thread's scratch: the family's tiles, the element type's
   // extras (bf16 GEMM packs) and, for bf16/f16 backward, the f32 dQ sum.
@@ -246,6 +255,7 @@ std::string_view flash_active_isa() {
 }
 
 bool flash_isa_supported(std::string_view isa) {
+  if (isa == cpu::kAmxEmulated) return cpu::supports(cpu::Isa::avx512bf16);
   const auto parsed = cpu::parse_isa(isa);
   return parsed && cpu::supports(*parsed);
 }

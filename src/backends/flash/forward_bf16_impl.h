@@ -1,11 +1,12 @@
 // The bf16 forward of the avx512amx and avx512bf16 kernel families:
 // forward_impl.h's algorithm (S^T = K Q^T per key block, online softmax across
 // key rows, O += P V) with both GEMMs on bf16 hardware:
-//   kAmx = true  (avx512amx): AMX-BF16 tiles (gemm_amx.h), 16 x 16 x 32
+//   Tiles = cpu::AmxTiles (avx512amx) or cpu::AmxTilesEmulated (its exact
+//     emulation, cpu/amx_tiles.h): AMX-BF16 tiles (gemm_amx.h), 16 x 16 x 32
 //     multiply-adds per instruction; the output is accumulated transposed
 //     (O^T = V^T P^T) so that P^T's pair layout is the tile B operand as it is,
 //     and V^T is built 16 x 16 words at a time by register transposes;
-//   kAmx = false (avx512bf16): vdpbf16ps (gemm_bf16.h), 2 x an f32 FMA's
+//   Tiles = void (avx512bf16): vdpbf16ps (gemm_bf16.h), 2 x an f32 FMA's
 //     multiply-adds per instruction.
 // Operands are packed as bf16 pairs of consecutive depth indices: Q^T and K
 // exactly as given (unscaled: the scale multiplies the f32 scores), V by pairs
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
@@ -65,8 +67,9 @@ inline void pack_pairs_transposed(const detail::bf16_t* src, std::int64_t ld, st
   }
 }
 
-template <class S, bool kAmx = false>
+template <class S, class Tiles = void>
 void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) {
+  constexpr bool kAmx = !std::is_void_v<Tiles>;
   static_assert(S::W == 16, "vdpbf16ps kernels are AVX-512 only");
   using Tr = KernelTraits<S>;
   using V = typename S::V;
@@ -80,7 +83,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   const std::int64_t mp = round_up(m, S::W), hk = h / p.group, dqk = p.dqk, dv = p.dv, dvp = round_up(dv, S::W);
   // Pairs along the head dimension (AMX: padded to its 16-pair tile depth).
   const std::int64_t kp = kAmx ? round_up((dqk + 1) / 2, 16) : (dqk + 1) / 2;
-  if constexpr (kAmx) amx_configure();
+  if constexpr (kAmx) Tiles::configure();
 
   auto* qt2 = reinterpret_cast<std::uint32_t*>(scratch);  // kp x BM: (q[r][2p], q[r][2p+1])
   auto* kblk2 = qt2 + kp * BM;                             // BN x kp: K rows as pairs
@@ -181,7 +184,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     const std::int64_t mc = std::min(m, c1) - c0;  // real queries in the range
     const bool interior = p.keys(i0 + c0 + mc - 1, span).begin <= j0 && p.keys(i0 + c0, span).end >= j0 + n;
     if constexpr (kAmx) {
-      amx_gemm(round_up(n, 32), mp, kp, kblk2, kp, qt2, BM, st, BM, false);
+      amx_gemm<Tiles>(round_up(n, 32), mp, kp, kblk2, kp, qt2, BM, st, BM, false);
     } else if (interior) {
       dp_gemm<Tr::mr, Tr::nv>(n, c1 - c0, kp, MatW{kblk2, kp, 1}, qt2 + c0, BM, st + c0, BM, false);
     } else {
@@ -259,7 +262,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
         }
       }
       for (std::int64_t pp = np; pp < npp; ++pp) std::fill(pt2 + pp * BM, pt2 + pp * BM + mp, 0u);
-      amx_gemm(dvp, mp, npp, vt, npp, pt2, BM, acc, BM, true);
+      amx_gemm<Tiles>(dvp, mp, npp, vt, npp, pt2, BM, acc, BM, true);
     } else if (interior) {
       dp_gemm<Tr::mr, Tr::nv>(mc, dvp, np, MatW{pt2 + c0, 1, BM}, vv2, dvp, acc + c0 * dvp, dvp, true);
     } else {
@@ -298,7 +301,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     p.lse[p.slse.offset(b, row, h)] = lse[r];
   }
   // Back to the init state: the OS then need not save this thread's tile data.
-  if constexpr (kAmx) _tile_release();
+  if constexpr (kAmx) Tiles::release();
 }
 
 }  // namespace attend::flash::ATTEND_FLASH_ISA

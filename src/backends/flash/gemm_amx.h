@@ -10,27 +10,11 @@
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
-struct alignas(64) AmxTileConfig {
-  std::uint8_t palette = 1, start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
-// Loads the tile configuration of this thread (every tile 16 x 64 bytes).
-inline void amx_configure() {
-  AmxTileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.colsb[t] = 64;
-    c.rows[t] = 16;
-  }
-  // Own asm: GCC 12's _tile_loadconfig declares only 8 bytes of its operand as
-  // read, so the compiler would drop the stores of the row/column counts.
-  __asm__ volatile("ldtilecfg %0" : : "m"(c));
-}
-
-inline void amx_gemm(std::int64_t rows, std::int64_t cols, std::int64_t pairs, const std::uint32_t* a, std::int64_t lda,
-                     const std::uint32_t* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
+// The tile unit `Tiles` is cpu::AmxTiles or cpu::AmxTilesEmulated (cpu/amx_tiles.h),
+// configured by the caller.
+template <class Tiles>
+void amx_gemm(std::int64_t rows, std::int64_t cols, std::int64_t pairs, const std::uint32_t* a, std::int64_t lda,
+              const std::uint32_t* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) {
   const std::int64_t sa = lda * 4, sb = ldb * 4, sc = ldc * 4;
   std::int64_t r = 0;
   for (; r + 32 <= rows; r += 32) {
@@ -39,35 +23,35 @@ inline void amx_gemm(std::int64_t rows, std::int64_t cols, std::int64_t pairs, c
       float* c00 = c + r * ldc + q;
       float* c10 = c00 + 16 * ldc;
       if (accumulate) {
-        _tile_loadd(0, c00, sc);
-        _tile_loadd(2, c10, sc);
+        Tiles::template load<0>(c00, sc);
+        Tiles::template load<2>(c10, sc);
         if (two) {
-          _tile_loadd(1, c00 + 16, sc);
-          _tile_loadd(3, c10 + 16, sc);
+          Tiles::template load<1>(c00 + 16, sc);
+          Tiles::template load<3>(c10 + 16, sc);
         }
       } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        Tiles::template zero<0>();
+        Tiles::template zero<1>();
+        Tiles::template zero<2>();
+        Tiles::template zero<3>();
       }
       for (std::int64_t p = 0; p < pairs; p += 16) {
-        _tile_loadd(4, a + r * lda + p, sa);
-        _tile_loadd(5, a + (r + 16) * lda + p, sa);
-        _tile_loadd(6, b + p * ldb + q, sb);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(2, 5, 6);
+        Tiles::template load<4>(a + r * lda + p, sa);
+        Tiles::template load<5>(a + (r + 16) * lda + p, sa);
+        Tiles::template load<6>(b + p * ldb + q, sb);
+        Tiles::template dpbf16ps<0, 4, 6>();
+        Tiles::template dpbf16ps<2, 5, 6>();
         if (two) {
-          _tile_loadd(7, b + p * ldb + q + 16, sb);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(3, 5, 7);
+          Tiles::template load<7>(b + p * ldb + q + 16, sb);
+          Tiles::template dpbf16ps<1, 4, 7>();
+          Tiles::template dpbf16ps<3, 5, 7>();
         }
       }
-      _tile_stored(0, c00, sc);
-      _tile_stored(2, c10, sc);
+      Tiles::template store<0>(c00, sc);
+      Tiles::template store<2>(c10, sc);
       if (two) {
-        _tile_stored(1, c00 + 16, sc);
-        _tile_stored(3, c10 + 16, sc);
+        Tiles::template store<1>(c00 + 16, sc);
+        Tiles::template store<3>(c10 + 16, sc);
       }
     }
   }
@@ -75,16 +59,16 @@ inline void amx_gemm(std::int64_t rows, std::int64_t cols, std::int64_t pairs, c
     for (std::int64_t q = 0; q < cols; q += 16) {
       float* c00 = c + r * ldc + q;
       if (accumulate) {
-        _tile_loadd(0, c00, sc);
+        Tiles::template load<0>(c00, sc);
       } else {
-        _tile_zero(0);
+        Tiles::template zero<0>();
       }
       for (std::int64_t p = 0; p < pairs; p += 16) {
-        _tile_loadd(4, a + r * lda + p, sa);
-        _tile_loadd(6, b + p * ldb + q, sb);
-        _tile_dpbf16ps(0, 4, 6);
+        Tiles::template load<4>(a + r * lda + p, sa);
+        Tiles::template load<6>(b + p * ldb + q, sb);
+        Tiles::template dpbf16ps<0, 4, 6>();
       }
-      _tile_stored(0, c00, sc);
+      Tiles::template store<0>(c00, sc);
     }
   }
 }

@@ -32,7 +32,10 @@ ATTEND_TARGET_REGION_END()
 // instructions plus AVX512-BF16 and AMX. Reached only through kernels_avx512bf16() and
 // kernels_avx512amx(), which dispatch.cpp hands out only when the CPU (and, for
 // AMX, the OS) allows them; the compiler never emits these instructions itself.
+// kernels_avx512amx_emulated() runs the same kernels on the emulated tile unit
+// (AVX512-BF16 only).
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512_BF16_AMX)
+#include "cpu/amx_tiles.h"
 #include "backends/flash/gemm_bf16.h"
 #include "backends/flash/gemm_amx.h"
 #include "backends/flash/forward_bf16_impl.h"
@@ -65,20 +68,31 @@ KernelTable kernels_avx512bf16() {
   t.isa = "avx512bf16";
   t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512>;
   t.bf16.forward_extra = &isa_avx512::forward_bf16_extra_floats<SimdAvx512>;
-  t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, false>;
+  t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, void>;
   t.bf16.backward_extra = &isa_avx512::backward_bf16_extra_floats<SimdAvx512>;
   t.bf16.half_gemms = "AVX512-BF16 (vdpbf16ps)";
   return t;
 }
 
-// avx512 with the bf16 forward and backward on AMX tiles; everything else is avx512's.
-KernelTable kernels_avx512amx() {
+namespace {
+
+template <class Tiles>
+KernelTable with_amx_tiles(std::string_view isa, const char* gemms) {
   KernelTable t = kernels_avx512bf16();
-  t.isa = "avx512amx";
-  t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512, true>;
-  t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, true>;
-  t.bf16.half_gemms = "AMX-BF16 tiles";
+  t.isa = isa;
+  t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512, Tiles>;
+  t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, Tiles>;
+  t.bf16.half_gemms = gemms;
   return t;
+}
+
+}  // namespace
+
+// avx512 with the bf16 forward and backward on AMX tiles; everything else is avx512's.
+KernelTable kernels_avx512amx() { return with_amx_tiles<cpu::AmxTiles>("avx512amx", "AMX-BF16 tiles"); }
+
+KernelTable kernels_avx512amx_emulated() {
+  return with_amx_tiles<cpu::AmxTilesEmulated>("avx512amx-emu", "AMX-BF16 tiles, emulated (exact, slow)");
 }
 
 }  // namespace attend::flash

@@ -14,6 +14,7 @@
 
 #include "attend/attend.h"
 #include "attend/backends/flash.h"
+#include "support/conformance_cases.h"
 #include "support/half_baseline.h"
 #include "support/tensors.h"
 
@@ -103,7 +104,9 @@ TEST_P(FlashHalf, ForwardAndGradientsWithinSamePrecisionBaseline) {
 TEST_P(FlashHalf, ConversionPathEqualsF32KernelOnWidenedInputs) {
   const auto& [c, dt] = GetParam();
   const std::string_view isa = flash_active_isa();
-  if (dt == DType::bf16 && (isa == "avx512bf16" || isa == "avx512amx")) GTEST_SKIP() << "bf16 forward on bf16 GEMMs";
+  if (dt == DType::bf16 && (isa == "avx512bf16" || isa == "avx512amx" || isa == "avx512amx-emu")) {
+    GTEST_SKIP() << "bf16 forward on bf16 GEMMs";
+  }
   const testing::Problem half = testing::problem_as(testing::make_problem(c.spec, 22, c.lens_q, c.lens_kv), dt);
   const testing::Problem wide = testing::problem_as(half, DType::f32);
   const auto flash = make_flash_backend();
@@ -141,6 +144,32 @@ INSTANTIATE_TEST_SUITE_P(Cases, FlashHalf,
                            return std::get<0>(param_info.param).name + "_" +
                                   std::string(to_string(std::get<1>(param_info.param)));
                          });
+
+// Every conformance case (tests/conformance runs them in f32) in bf16, where the
+// family runs bf16 on its own GEMM kernels: avx512bf16, avx512amx, and the AMX
+// kernels on emulated tiles (avx512amx-emu), which is how the AMX family is
+// tested on every AVX512-BF16 machine. Elsewhere bf16 takes the conversion
+// path, the f32 kernels the conformance suite checks.
+class FlashBf16Conformance : public ::testing::TestWithParam<testing::FeatureCase> {};
+
+TEST_P(FlashBf16Conformance, ForwardAndGradientsWithinSamePrecisionBaseline) {
+  const std::string_view isa = flash_active_isa();
+  if (isa != "avx512bf16" && isa != "avx512amx" && isa != "avx512amx-emu") {
+    GTEST_SKIP() << "bf16 on " << isa << " is the f32 kernels' conversion path";
+  }
+  const testing::FeatureCase& c = GetParam();
+  const testing::Problem half =
+      testing::problem_as(testing::make_problem(c.spec(31), 23, c.lens_q, c.lens_kv), DType::bf16);
+  const auto flash = make_flash_backend();
+  ASSERT_TRUE(flash->check(half.spec, Pass::forward).ok());
+  const bool grads = flash->check(half.spec, Pass::backward).ok();
+  const testing::PassResults got = testing::run_backend(*flash, half, grads);
+  const testing::HalfBaseline b = testing::half_baseline(half, testing::problem_as(half, DType::f64), grads);
+  testing::expect_half_results(got, b, DType::bf16, grads);
+}
+
+INSTANTIATE_TEST_SUITE_P(Conformance, FlashBf16Conformance, ::testing::ValuesIn(testing::conformance_cases()),
+                         [](const auto& param_info) { return param_info.param.name; });
 
 // Scores that grow from key block to key block, by less than the lazy max's
 // threshold (2^8) in some blocks and far more in others: the bf16 forward's
@@ -259,7 +288,7 @@ TEST(FlashHalfCheck, ChecksStateEachDtypeAndPass) {
 TEST(FlashHalfCheck, NotesSayHowEachHalfDtypeRuns) {
   const auto flash = make_flash_backend();
   const std::string isa(flash_active_isa());
-  const bool bf16_gemm = isa == "avx512amx" || isa == "avx512bf16";
+  const bool bf16_gemm = isa == "avx512amx" || isa == "avx512bf16" || isa == "avx512amx-emu";
   AttentionSpec s = base(64, 64, 64, 64);
   for (Pass pass : {Pass::forward, Pass::backward}) {
     s.dtype = DType::f32;
