@@ -119,4 +119,24 @@ struct KVCacheProblem {
 KVCacheProblem kvcache_problem(const TensorView& q, const KVCache& cache, const AttentionSpec& spec,
                                const TensorView& alibi_slopes = {}, const TensorView& sinks = {});
 
+// What in.block_table of validate_cache_append stands for, so that its errors
+// name what the caller passed: a block table, or FlashAttention's
+// cache_batch_idx over a dense cache (a (B, 1) table of cache rows, pages of
+// kv_page_size = the cache's length).
+enum class CacheRows { block_table, cache_batch_idx };
+
+// For callers that keep their own block table (FlashAttention's
+// flash_attn_with_kvcache): checks, before anything is written, an append of
+// new_tokens tokens to every sequence of a paged problem whose
+// in.cache_seqlens already hold the lengths after the append. Runs
+// validate_inputs(spec, in), then (host tables) refuses an append that writes
+// two tokens to one (page, slot), or a token into a slot that a sequence of the
+// call reads as context ([cache_leftpad, length before the append)), its own
+// included: either would overwrite a key silently. Pages shared by several
+// sequences as a read-only prefix stay legal. O(table + new tokens · log).
+// The attend::Error names block_table with the slot and both (sequence, token)
+// pairs, or cache_batch_idx with the repeated row and its two positions.
+void validate_cache_append(const AttentionSpec& spec, const Inputs& in, std::int64_t new_tokens,
+                           CacheRows rows = CacheRows::block_table);
+
 }  // namespace attend

@@ -529,7 +529,7 @@ def flash_attn_with_kvcache(
         # will be after the append (their contents are not read), then whether
         # a backend runs the problem at all.
         descs, keep = _arrays.describe_all(tensors)
-        _C.validate_inputs(spec, descs)
+        _C.validate_cache_append(spec, descs, k.shape[1], cache_batch_idx is not None)
         _C.Plan(spec, "inference")
         del keep
         _append_to_cache(k_cache, v_cache, k, v, block_table, seqlens - k.shape[1])

@@ -496,6 +496,15 @@ PYBIND11_MODULE(_C, m) {
       },
       py::arg("spec"), py::arg("tensors"),
       "Checks the spec and its input tensors (shapes, dtypes, index contents) without running anything");
+  m.def(
+      "validate_cache_append",
+      [](const py::dict& d, const py::dict& tensors, std::int64_t new_tokens, bool batch_idx) {
+        attend::validate_cache_append(spec_from_dict(d), inputs_of(tensors), new_tokens,
+                                      batch_idx ? attend::CacheRows::cache_batch_idx : attend::CacheRows::block_table);
+      },
+      py::arg("spec"), py::arg("tensors"), py::arg("new_tokens"), py::arg("batch_idx"),
+      "validate_inputs, then refuses an append of new_tokens per sequence (cache_seqlens: the lengths after it) "
+      "that writes one page slot twice or a slot the call reads as context");
   m.def("dropout_keep", &dropout_keep, py::arg("seed"), py::arg("p"), py::arg("batch_index"), py::arg("heads"),
         py::arg("seqlen_q"), py::arg("seqlen_kv"));
   m.def("get_policy", [] { return policy_dict(attend::current_policy()); });

@@ -87,8 +87,9 @@ def _bits(t):
 
 def _refused_leaves_cache(call, cls, field, kc, vc):
     before = (_bits(kc), _bits(vc))
-    _error(call, cls, field)
+    e = _error(call, cls, field)
     assert torch.equal(_bits(kc), before[0]) and torch.equal(_bits(vc), before[1])
+    return e
 
 
 def test_kvcache_refused_call_leaves_the_cache_bit_for_bit_unchanged():
@@ -153,6 +154,70 @@ def test_kvcache_valid_append_writes_and_attends_like_the_math():
         assert torch.equal(kc[b, n:n + 2], k[b]) and torch.equal(vc[b, n:n + 2], v[b])
         ref = math_attention(q[b:b + 1].transpose(1, 2), kc[b:b + 1, :n + 2].transpose(1, 2),
                              vc[b:b + 1, :n + 2].transpose(1, 2)).transpose(1, 2)
+        assert (out[b:b + 1] - ref).abs().max().item() < 1e-5
+
+
+# --- issue 41 row 4: appends that would overwrite one another -----------------------------
+
+def test_kvcache_append_through_a_repeated_cache_batch_idx_is_refused_and_changes_nothing():
+    kc, vc = _cache(b=3)
+    q = randn(2, 1, 4, 16, seed=4)
+    k, v = randn(2, 1, 2, 16, seed=1), randn(2, 1, 2, 16, seed=2)
+    idx, lens = torch.tensor([1, 1], dtype=torch.int32), torch.tensor([2, 2], dtype=torch.int32)
+    e = _refused_leaves_cache(lambda: at.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=lens,
+                                                                 cache_batch_idx=idx),
+                              InvalidArgumentError, "cache_batch_idx", kc, vc)
+    assert e.value == "1" and "positions 0 and 1" in str(e), str(e)
+    # Only reading one row twice is legitimate, and so is appending to distinct rows.
+    out = at.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, cache_batch_idx=idx)
+    for b in range(2):
+        ref = math_attention(q[b:b + 1].transpose(1, 2), kc[1:2, :2].transpose(1, 2),
+                             vc[1:2, :2].transpose(1, 2)).transpose(1, 2)
+        assert (out[b:b + 1] - ref).abs().max().item() < 1e-5
+    at.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=lens, cache_batch_idx=torch.tensor([2, 0]))
+    assert torch.equal(kc[2, 2], k[0, 0]) and torch.equal(kc[0, 2], k[1, 0])
+
+
+def _pages(n=4, page=2):
+    return randn(n, page, 2, 16, seed=22), randn(n, page, 2, 16, seed=23)
+
+
+def test_kvcache_paged_appends_to_one_page_slot_are_refused_naming_both_tokens():
+    kc, vc = _pages()
+    q = randn(2, 1, 4, 16, seed=4)
+    k, v = randn(2, 1, 2, 16, seed=1), randn(2, 1, 2, 16, seed=2)
+    table = torch.tensor([[0, 1], [2, 1]], dtype=torch.int32)  # both third tokens: page 1 slot 0
+    e = _refused_leaves_cache(lambda: at.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=2,
+                                                                 block_table=table),
+                              InvalidArgumentError, "block_table", kc, vc)
+    assert e.value == "page 1 slot 0" and "sequence 0 token 2 and sequence 1 token 2" in str(e), str(e)
+
+
+def test_kvcache_paged_append_into_another_sequences_prefix_is_refused():
+    kc, vc = _pages()
+    q = randn(2, 1, 4, 16, seed=4)
+    k, v = randn(2, 1, 2, 16, seed=1), randn(2, 1, 2, 16, seed=2)
+    table = torch.tensor([[0, 1], [0, 2]], dtype=torch.int32)  # page 0: a prefix both read
+    lens = torch.tensor([1, 3], dtype=torch.int32)  # sequence 0's token 1 would land in sequence 1's prefix
+    e = _refused_leaves_cache(lambda: at.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=lens,
+                                                                 block_table=table),
+                              InvalidArgumentError, "block_table", kc, vc)
+    assert e.value == "page 0 slot 1", str(e)
+
+
+def test_kvcache_paged_append_after_a_shared_prefix_writes_each_sequences_own_page():
+    kc, vc = _pages()
+    prefix_k, prefix_v = kc[0].clone(), vc[0].clone()
+    q = randn(2, 1, 4, 16, seed=4)
+    k, v = randn(2, 1, 2, 16, seed=1), randn(2, 1, 2, 16, seed=2)
+    table = torch.tensor([[0, 1], [0, 2]], dtype=torch.int32)
+    out = at.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=2, block_table=table)
+    assert torch.equal(kc[0], prefix_k) and torch.equal(vc[0], prefix_v)
+    assert torch.equal(kc[1, 0], k[0, 0]) and torch.equal(kc[2, 0], k[1, 0])
+    for b in range(2):
+        keys = torch.cat([kc[0], kc[table[b, 1], :1]]).unsqueeze(0)
+        vals = torch.cat([vc[0], vc[table[b, 1], :1]]).unsqueeze(0)
+        ref = math_attention(q[b:b + 1].transpose(1, 2), keys.transpose(1, 2), vals.transpose(1, 2)).transpose(1, 2)
         assert (out[b:b + 1] - ref).abs().max().item() < 1e-5
 
 
