@@ -4,6 +4,9 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "cpu/isa.h"
 #include "cpu/threads.h"
@@ -93,7 +97,8 @@ struct Memory {
   std::mutex mutex;
   // (path, machine) -> bucket -> record; a loaded (path, machine) has an entry even when empty.
   std::map<std::pair<std::string, std::string>, std::map<std::string, TuneRecord>> sections;
-  std::map<std::string, bool> warned;  // path -> a problem with it was reported
+  std::map<std::string, bool> warned;      // path -> a problem with it was reported
+  std::map<std::string, bool> lock_stuck;  // path -> its lock was held past kLockWait
 };
 
 Memory& memory() {
@@ -129,14 +134,39 @@ std::map<std::string, TuneRecord>& load(Memory& m, const std::string& path, cons
   return section;
 }
 
-// Holds an exclusive flock on <path>.lock for its lifetime.
+// A writer holds the lock for one read-merge-write of a small file
+// (milliseconds). Waiting longer means a stopped writer (Ctrl-Z mid-save) or a
+// lock on a network file system that will not come back: tuning then keeps
+// its results in memory rather than hanging the selection.
+constexpr std::chrono::milliseconds kLockWait{3000};
+
+// Holds an exclusive flock on <path>.lock for its lifetime, if it gets it
+// within `wait`; why not otherwise.
 class FileLock {
  public:
-  explicit FileLock(const std::string& path)
+  FileLock(const std::string& path, std::chrono::milliseconds wait)
       : fd_(::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
-    if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+    if (fd_ < 0) {
+      problem_ = "cannot be locked (" + path + ".lock cannot be opened)";
+      return;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    std::chrono::milliseconds nap{5};
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EINTR) continue;
+      const bool busy = errno == EWOULDBLOCK;
+      if (busy && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, std::chrono::milliseconds{100});
+        continue;
+      }
+      problem_ = busy ? "cannot be locked (" + path + ".lock is held by another process; gave up after " +
+                            std::to_string(wait.count()) + " ms)"
+                      : "cannot be locked (" + path + ".lock)";
+      timed_out_ = busy;
       ::close(fd_);
       fd_ = -1;
+      return;
     }
   }
   ~FileLock() {
@@ -145,18 +175,27 @@ class FileLock {
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
   bool held() const { return fd_ >= 0; }
+  bool timed_out() const { return timed_out_; }
+  const std::string& problem() const { return problem_; }
 
  private:
   int fd_;
+  bool timed_out_ = false;
+  std::string problem_;
 };
 
+// `stuck`: the lock was held past kLockWait before; later stores of the
+// process try it once without waiting, so a lock that never comes back costs
+// one wait, not one per tuned bucket.
 std::string write_merged(const std::string& path, const std::string& machine, const std::string& bucket,
-                         const TuneRecord& record) {
+                         const TuneRecord& record, bool& stuck) {
   std::error_code ec;
   const fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
-  const FileLock lock(path);
-  if (!lock.held()) return "cannot be locked (" + path + ".lock)";
+  const FileLock lock(path, stuck ? std::chrono::milliseconds{0} : kLockWait);
+  if (lock.timed_out()) stuck = true;
+  if (!lock.held()) return lock.problem();
+  stuck = false;
   std::string problem;
   json j = read_file(path, &problem);  // merge with what other processes wrote meanwhile
   if (!problem.empty()) j = json::object();
@@ -231,7 +270,7 @@ std::string store_tune_record(const std::string& path, const std::string& machin
   std::lock_guard lock(m.mutex);
   load(m, path, machine)[bucket] = record;
   if (path.empty()) return "";
-  const std::string problem = write_merged(path, machine, bucket, record);
+  const std::string problem = write_merged(path, machine, bucket, record, m.lock_stuck[path]);
   if (!problem.empty()) warn_once(m, path, problem + ": tuning results are kept in memory only");
   return problem;
 }
@@ -241,6 +280,7 @@ void clear_tune_memory() {
   std::lock_guard lock(m.mutex);
   m.sections.clear();
   m.warned.clear();
+  m.lock_stuck.clear();
 }
 
 }  // namespace attend::detail

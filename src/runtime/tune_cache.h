@@ -6,8 +6,10 @@
 // trusting foreign times. Writes take an exclusive lock (<path>.lock, flock),
 // re-read the file, merge, write a temporary file and rename it over the old
 // one: concurrent tuners never lose each other's entries and readers never see
-// a half-written file. A corrupt or foreign file is reported once on stderr,
-// ignored and rewritten.
+// a half-written file. A lock held for more than 3 s (a stopped writer, a
+// network file system) is given up: the result stays in memory, with a
+// warning. A corrupt or foreign file is reported once on stderr, ignored and
+// rewritten.
 #pragma once
 
 #include <optional>

@@ -2,7 +2,9 @@
 // invalidation, corruption) and training-mode candidates — proven with test
 // backends whose speed is known. Every test points the cache at its own
 // temporary file, never the user's.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -251,6 +253,40 @@ TEST_F(AutotuneTest, AnUnwritableCacheKeepsResultsInMemory) {
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(select(tiny(), Mode::inference, policy).backend->name(), "fast_fake");
   EXPECT_NE(::testing::internal::GetCapturedStderr().find("kept in memory only"), std::string::npos);
+}
+
+TEST_F(AutotuneTest, AHeldLockCostsABoundedWaitThenResultsStayInMemoryWithAWarning) {
+  // Another open file description holding the flock: what a writer stopped
+  // mid-save (Ctrl-Z) looks like to this process.
+  const int holder = ::open((cache + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(holder, 0);
+  ASSERT_EQ(::flock(holder, LOCK_EX), 0);
+  using Clock = std::chrono::steady_clock;
+  ::testing::internal::CaptureStderr();
+  auto start = Clock::now();
+  EXPECT_EQ(select(tiny(), Mode::inference, policy).backend->name(), "fast_fake");
+  const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_GE(waited, 3.0) << "gave up before the 3 s a live writer may need";
+  EXPECT_LT(waited, 30.0);
+  EXPECT_NE(err.find(cache + ".lock is held by another process; gave up after 3000 ms"), std::string::npos) << err;
+  EXPECT_NE(err.find("kept in memory only"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(cache));
+  // Remembered in memory; a lock still held costs no second wait.
+  const int runs = timed_runs();
+  EXPECT_EQ(select(tiny(), Mode::inference, policy).backend->name(), "fast_fake");
+  EXPECT_EQ(timed_runs(), runs);
+  AttentionSpec other = tiny();
+  other.seqlen_kv = 100;
+  start = Clock::now();
+  (void)select(other, Mode::inference, policy);
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 2.0);
+  // Once the lock is free again the next store writes the file.
+  ::close(holder);
+  other.seqlen_kv = 400;
+  (void)select(other, Mode::inference, policy);
+  const nlohmann::json j = nlohmann::json::parse(read_text(cache));
+  EXPECT_EQ(j["machines"][detail::current_machine().text()]["buckets"].size(), 1u) << j.dump(1);
 }
 
 TEST_F(AutotuneTest, TuneRemeasuresAndTheLogLineAppearsOncePerBucket) {
