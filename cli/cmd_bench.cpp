@@ -171,8 +171,10 @@ CLI::App* add_bench_command(CLI::App& app, BenchCommand& cmd) {
       ->check(int_in_range(1, 16384))
       ->group(g)
       ->capture_default_str();
-  sub->add_option("--data-seed", cmd.data_seed, "seed of the random inputs")->check(non_negative_int())
-      ->group(g)->capture_default_str();
+  sub->add_option("--data-seed", cmd.data_seed, "seed of the random inputs")
+      ->check(any_uint64())
+      ->group(g)
+      ->capture_default_str();
   sub->add_flag("--summary", cmd.summary, "print the target ratios after the table (implied with no problem flags)")
       ->group(g);
   sub->add_option("--csv", cmd.csv_path, "also write the rows as CSV to FILE")->group(g);

@@ -228,8 +228,10 @@ CLI::App* add_run_command(CLI::App& app, RunCommand& cmd) {
       ->group(g);
   sub->add_flag("--json", cmd.json, "print the result (backend, timings, memory, check errors, exit code) as JSON")
       ->group(g);
-  sub->add_option("--data-seed", cmd.data_seed, "seed of the random inputs")->check(non_negative_int())
-      ->group(g)->capture_default_str();
+  sub->add_option("--data-seed", cmd.data_seed, "seed of the random inputs")
+      ->check(any_uint64())
+      ->group(g)
+      ->capture_default_str();
   sub->add_option("--repeat", cmd.repeat, "time each pass this many times, report the best")
       ->check(positive_int())->group(g)->capture_default_str();
   add_cp_flags(*sub, cmd.cp, true);

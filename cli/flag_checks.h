@@ -33,4 +33,21 @@ inline CLI::Validator int_in_range(std::int64_t min,
 inline CLI::Validator positive_int() { return int_in_range(1); }
 inline CLI::Validator non_negative_int() { return int_in_range(0); }
 
+// Accepts every uint64 in decimal (seeds: 64 random bits, 2^64 - 1 included).
+inline CLI::Validator any_uint64() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::uint64_t v = 0;
+        const char* end = text.data() + text.size();
+        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+        if (ec == std::errc::result_out_of_range && ptr == end) {
+          return "value " + text + " does not fit in uint64 (at most " +
+                 std::to_string(std::numeric_limits<std::uint64_t>::max()) + ")";
+        }
+        if (ec != std::errc() || ptr != end || text.empty()) return "'" + text + "' is not a non-negative integer";
+        return {};
+      },
+      "UINT64");
+}
+
 }  // namespace attend_cli

@@ -27,6 +27,13 @@ std::string field_text(const SpecField& f, const py::handle& val) {
     bad_field(key, "None", "cannot be unset (only optional fields, e.g. scale, out_dtype, take None)");
   }
   if (py::isinstance<py::str>(val)) return val.cast<std::string>();
+  // A Python int has no width: its digits go to set_field, which names one
+  // outside the field's range (a seed of 2^64) instead of calling it a wrong type.
+  const FieldKind kind = field_kind(f);
+  if ((kind == FieldKind::integer || kind == FieldKind::unsigned_integer) && py::isinstance<py::int_>(val) &&
+      !py::isinstance<py::bool_>(val)) {
+    return std::string(py::str(val));
+  }
   try {
     switch (field_kind(f)) {
       case FieldKind::boolean: return val.cast<bool>() ? "true" : "false";

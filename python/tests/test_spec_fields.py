@@ -50,6 +50,19 @@ def test_unknown_or_malformed_fields_are_errors_naming_them():
         sdpa(q[:0], k[:0], v[:0], bogus=1)
 
 
+def test_a_seed_takes_every_uint64_and_one_past_it_is_named_out_of_range():
+    assert attend.spec(dropout_seed=2 ** 64 - 1)["dropout_seed"] == 2 ** 64 - 1
+    with pytest.raises(attend.InvalidArgumentError, match="does not fit in uint64") as e:
+        attend.spec(dropout_seed=2 ** 64)
+    assert e.value.field == "dropout_seed" and e.value.value == str(2 ** 64)
+    with pytest.raises(attend.InvalidArgumentError, match="non-negative") as e:
+        attend.spec(dropout_seed=-1)
+    assert e.value.field == "dropout_seed"
+    with pytest.raises(attend.InvalidArgumentError, match="does not fit in int64") as e:
+        attend.spec(batch=2 ** 63)
+    assert e.value.field == "batch"
+
+
 def shifted_causal_bias(sq, sk, q_offset, kv_offset):
     """attend's causal mask of a partial problem: key j is kept for row i when
     kv_offset + j <= q_offset + i + sk - sq (bottom-right aligned, global positions)."""

@@ -81,7 +81,9 @@ T parse_number(const SpecField& f, std::string_view text) {
       throw Error(ErrorCode::invalid_argument, std::string(f.name), std::string(text),
                   std::is_signed_v<T> ? "does not fit in int64" : "does not fit in uint64");
     }
-    if (text.empty() || r.ec != std::errc() || r.ptr != end) bad(f, text, "an integer");
+    if (text.empty() || r.ec != std::errc() || r.ptr != end) {
+      bad(f, text, std::is_signed_v<T> ? "an integer" : "a non-negative integer");
+    }
     return v;
   }
 }
