@@ -182,6 +182,7 @@ class Runner {
     if (s.dtype == DType::bf16 && report_.header.bf16_gemm.measured()) {
       r.vs_bf16_gemm = r.gflops / report_.header.bf16_gemm.gflops;
     }
+    if (s.dtype == DType::bf16) r.vs_amx_peak = ratio_to_amx_peak(r.gflops, report_.header.amx);
     if (opt_.progress != nullptr) {
       char buf[96];
       std::snprintf(buf, sizeof buf, " %.3f ms, %.1f GFLOP/s (%d reps)\n", r.timing.best_s * 1e3, r.gflops,
@@ -321,7 +322,7 @@ Inputs ProblemTensors::inputs() const {
   return in;
 }
 
-Header make_header(const SgemmPeak& sgemm, const Bf16GemmPeak& bf16_gemm) {
+Header make_header(const SgemmPeak& sgemm, const Bf16GemmPeak& bf16_gemm, const AmxPeak& amx) {
   Header h;
   h.threads = omp_get_max_threads();
   h.blas_threads = blas_threads();
@@ -330,6 +331,7 @@ Header make_header(const SgemmPeak& sgemm, const Bf16GemmPeak& bf16_gemm) {
   h.blas_pinned = blas_pinning(std::getenv("OPENBLAS_CORETYPE"), std::getenv("OPENBLAS_L2_SIZE"));
   h.sgemm = sgemm;
   h.bf16_gemm = bf16_gemm;
+  h.amx = amx;
   return h;
 }
 

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "amx_peak.h"
 #include "attend/backend.h"
 #include "attend/kvcache.h"
 #include "attend/spec.h"
@@ -79,9 +80,10 @@ struct Header {
   std::string blas_pinned;
   SgemmPeak sgemm;
   Bf16GemmPeak bf16_gemm;  // the bf16 rows' ceiling (vs_bf16_gemm); may be unmeasured
+  AmxPeak amx;             // the AMX unit's register-only rate (vs_amx_peak); may be unmeasured
 };
 // Fills everything but the peaks from the running process.
-Header make_header(const SgemmPeak& sgemm, const Bf16GemmPeak& bf16_gemm = {});
+Header make_header(const SgemmPeak& sgemm, const Bf16GemmPeak& bf16_gemm = {}, const AmxPeak& amx = {});
 // The blas_pinned text for these variable values (null: unset).
 std::string blas_pinning(const char* coretype, const char* l2_size);
 
@@ -104,6 +106,8 @@ struct Row {
   // bf16 rows: gflops / header.bf16_gemm.gflops; NaN for other dtypes or
   // without a measured bf16 peak.
   double vs_bf16_gemm = std::numeric_limits<double>::quiet_NaN();
+  // bf16 rows: gflops / header.amx.gflops (ratio_to_amx_peak); NaN likewise.
+  double vs_amx_peak = std::numeric_limits<double>::quiet_NaN();
   bool noisy() const { return timing.median_s > kNoisySpread * timing.best_s; }
 };
 

@@ -94,6 +94,7 @@ std::vector<Field> row_fields(const Row& r) {
       {"extra_bytes", std::to_string(r.extra_bytes), true},
       {"extra_mib", exact(static_cast<double>(r.extra_bytes) / kMiB), true},
       {"vs_bf16_gemm", std::isnan(r.vs_bf16_gemm) ? std::string() : exact(r.vs_bf16_gemm), true},
+      {"vs_amx_peak", std::isnan(r.vs_amx_peak) ? std::string() : exact(r.vs_amx_peak), true},
   };
 }
 
@@ -107,6 +108,8 @@ std::vector<Field> header_fields(const Header& h) {
       {"bf16_gemm_n", std::to_string(h.bf16_gemm.n), true},
       {"bf16_gemm_gflops", h.bf16_gemm.measured() ? exact(h.bf16_gemm.gflops) : std::string(), true},
       {"bf16_gemm_impl", h.bf16_gemm.impl, false},
+      {"amx_peak_gflops", h.amx.measured() ? exact(h.amx.gflops) : std::string(), true},
+      {"amx_peak_missing", h.amx.missing, false},
       {"blas_config", trimmed(h.blas_config), false},  // free text: last
   };
 }
@@ -144,6 +147,12 @@ void print_report(std::ostream& os, const Report& report) {
   } else if (!h.bf16_gemm.impl.empty()) {
     os << "bf16_gemm_peak: - (" << h.bf16_gemm.impl << ")\n";
   }
+  if (h.amx.measured()) {
+    os << "amx_peak: " << fmt("%.1f", h.amx.gflops) << " GFLOP/s (TDPBF16PS on tiles in registers, " << h.amx.threads
+       << " threads, best of " << h.amx.reps << ", " << fmt("%.3f", h.amx.best_s * 1e3) << " ms)\n";
+  } else if (!h.amx.missing.empty()) {
+    os << "amx_peak: - (" << h.amx.missing << ")\n";
+  }
   if (!h.blas_pinned.empty()) {
     os << "warning: OpenBLAS is pinned by " << h.blas_pinned
        << ": the sgemm baseline (and unfused) run that kernel, not the one OpenBLAS picks for this CPU, so "
@@ -155,14 +164,15 @@ void print_report(std::ostream& os, const Report& report) {
   os << pad("problem", problem_width, true) << "  " << pad("impl", 9, true) << " " << pad("pass", 8, true) << " "
      << pad("ms", 11, false) << " " << pad("GFLOP/s", 9, false) << " " << pad("vs_sgemm", 8, false) << " "
      << pad("vs_unfused", 10, false) << " " << pad("extra_MiB", 10, false) << " " << pad("vs_bf16gemm", 11, false)
-     << "\n";
+     << " " << pad("vs_amx_peak", 11, false) << "\n";
   for (const Row& r : report.rows) {
     os << pad(r.problem, problem_width, true) << "  " << pad(std::string(to_string(r.impl)), 9, true) << " "
        << pad(std::string(to_string(r.pass)), 8, true) << " " << pad(fmt("%.3f", r.timing.best_s * 1e3), 11, false)
        << " " << pad(fmt("%.1f", r.gflops), 9, false) << " " << pad(fmt("%.2f", r.vs_sgemm), 8, false) << " "
        << pad(std::isnan(r.vs_unfused) ? "-" : fmt("%.2f", r.vs_unfused), 10, false) << " "
        << pad(fmt("%.2f", static_cast<double>(r.extra_bytes) / kMiB), 10, false) << " "
-       << pad(std::isnan(r.vs_bf16_gemm) ? "-" : fmt("%.2f", r.vs_bf16_gemm), 11, false) << "\n";
+       << pad(std::isnan(r.vs_bf16_gemm) ? "-" : fmt("%.2f", r.vs_bf16_gemm), 11, false) << " "
+       << pad(std::isnan(r.vs_amx_peak) ? "-" : fmt("%.2f", r.vs_amx_peak), 11, false) << "\n";
   }
   for (const std::string& note : report.notes) os << "note: " << note << "\n";
   for (const Row& r : report.rows) {

@@ -12,9 +12,10 @@ namespace attend::bench {
 
 inline constexpr const char* kFormat = "attend-bench/1";
 
-// Header lines (threads, blas_threads, flash_isa, blas_config, sgemm_peak, and a
-// "warning: " line when OpenBLAS is pinned), the table (problem | impl | pass |
-// ms | GFLOP/s | vs_sgemm | vs_unfused | extra_MiB), one "note: " line per
+// Header lines (threads, blas_threads, flash_isa, blas_config, sgemm_peak,
+// bf16_gemm_peak and amx_peak when measured or said why not, and a "warning: "
+// line when OpenBLAS is pinned), the table (problem | impl | pass | ms | GFLOP/s
+// | vs_sgemm | vs_unfused | extra_MiB | vs_bf16gemm | vs_amx_peak), one "note: " line per
 // skipped measurement and one "warning: noisy: " line per Row::noisy() row.
 void print_report(std::ostream& os, const Report& report);
 

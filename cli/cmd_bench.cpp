@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "attend/error.h"
+#include "bench/amx_peak.h"
 #include "bench/bf16_gemm_peak.h"
 #include "bench/harness.h"
 #include "bench/report.h"
@@ -245,8 +246,9 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
   char buf[64];
   std::snprintf(buf, sizeof buf, " %.1f GFLOP/s\n", peak.gflops);
   *cmd.progress << buf << std::flush;
-  // The bf16 rows' ceiling, measured only when there are bf16 rows.
+  // The bf16 rows' ceilings, measured only when there are bf16 rows.
   ab::Bf16GemmPeak bf16_peak;
+  ab::AmxPeak amx_peak;
   const bool any_bf16 = std::any_of(problems.begin(), problems.end(),
                                     [](const attend::AttentionSpec& s) { return s.dtype == attend::DType::bf16; });
   if (any_bf16) {
@@ -254,9 +256,17 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
     bf16_peak = ab::measure_bf16_gemm_peak(cmd.sgemm_n, sgemm_timing);
     std::snprintf(buf, sizeof buf, " %.1f GFLOP/s\n", bf16_peak.gflops);
     *cmd.progress << buf << std::flush;
+    *cmd.progress << "measuring the AMX peak (TDPBF16PS on tiles in registers) ..." << std::flush;
+    amx_peak = ab::measure_amx_peak(ab::kAmxMaxTrips, sgemm_timing);
+    if (amx_peak.measured()) {
+      std::snprintf(buf, sizeof buf, " %.1f GFLOP/s\n", amx_peak.gflops);
+      *cmd.progress << buf << std::flush;
+    } else {
+      *cmd.progress << " - (" << amx_peak.missing << ")\n" << std::flush;
+    }
   }
 
-  const ab::Report report = ab::run_benchmarks(problems, opt, ab::make_header(peak, bf16_peak));
+  const ab::Report report = ab::run_benchmarks(problems, opt, ab::make_header(peak, bf16_peak, amx_peak));
   std::ostream& out = *cmd.out;
   ab::print_report(out, report);
   print_dtype_ratios(out, report);

@@ -4,6 +4,9 @@
 // Structure only: no assertion here depends on how fast anything ran.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -11,8 +14,10 @@
 #include <unistd.h>
 
 #include "attend/kvcache.h"
+#include "bench/amx_peak.h"
 #include "bench/harness.h"
 #include "bench/report.h"
+#include "cpu/isa.h"
 #include "runtime/flops.h"
 #include "support/tensors.h"
 
@@ -244,6 +249,92 @@ TEST(BenchHarness, Bf16RowsCarryTheirRatioToTheBf16GemmPeak) {
   EXPECT_TRUE(std::isnan(unmeasured.rows[0].vs_bf16_gemm));
 }
 
+// bf16 rows carry their share of the AMX unit's register-only rate; f32 rows
+// and runs without a measured AMX peak print "-" and write an empty field.
+TEST(BenchHarness, Bf16RowsCarryTheirShareOfTheAmxPeak) {
+  ab::HarnessOptions o = fast_options({ab::Impl::flash});
+  o.passes = {Pass::forward};
+  AttentionSpec bf16 = tiny();
+  bf16.dtype = attend::DType::bf16;
+  ab::Header h = fake_header();
+  h.amx.threads = 2;
+  h.amx.trips = 1024;
+  h.amx.gflops = 400.0;
+  h.amx.best_s = 2e-3;
+  h.amx.reps = 7;
+  const ab::Report r = ab::run_benchmarks({tiny(), bf16}, o, h);
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_TRUE(std::isnan(r.rows[0].vs_amx_peak));
+  EXPECT_DOUBLE_EQ(r.rows[1].vs_amx_peak, r.rows[1].gflops / 400.0);
+  std::ostringstream table;
+  ab::print_report(table, r);
+  EXPECT_NE(table.str().find("\namx_peak: 400.0 GFLOP/s (TDPBF16PS on tiles in registers, 2 threads, best of 7, "
+                             "2.000 ms)\n"),
+            std::string::npos)
+      << table.str();
+  EXPECT_NE(table.str().find(" vs_bf16gemm vs_amx_peak\n"), std::string::npos) << table.str();
+  char bf16_ratio[32];
+  // The last two columns: vs_bf16gemm "-" (no bf16 GEMM peak here), then the ratio.
+  std::snprintf(bf16_ratio, sizeof bf16_ratio, " -%12.2f\n", r.rows[1].vs_amx_peak);
+  EXPECT_NE(table.str().find(bf16_ratio), std::string::npos) << table.str();
+
+  // Where AMX is not allowed: the header says why, every row's column is "-".
+  ab::Header no_amx = fake_header();
+  no_amx.amx.missing = "this CPU or OS does not allow AMX-BF16 tiles";
+  const ab::Report without = ab::run_benchmarks({bf16}, o, no_amx);
+  ASSERT_EQ(without.rows.size(), 1u);
+  EXPECT_TRUE(std::isnan(without.rows[0].vs_amx_peak));
+  std::ostringstream dash;
+  ab::print_report(dash, without);
+  EXPECT_NE(dash.str().find("\namx_peak: - (this CPU or OS does not allow AMX-BF16 tiles)\n"), std::string::npos)
+      << dash.str();
+  EXPECT_NE(dash.str().find(" -           -\n"), std::string::npos) << dash.str();
+  // No bf16 row asked for a peak: no line at all.
+  std::ostringstream none;
+  ab::print_report(none, ab::run_benchmarks({tiny()}, o, fake_header()));
+  EXPECT_EQ(none.str().find("amx_peak:"), std::string::npos) << none.str();
+}
+
+TEST(BenchHarness, RatioToAnUnmeasuredAmxPeakIsNaN) {
+  ab::AmxPeak peak;
+  EXPECT_TRUE(std::isnan(ab::ratio_to_amx_peak(120.0, peak)));
+  peak.gflops = 480.0;
+  EXPECT_DOUBLE_EQ(ab::ratio_to_amx_peak(120.0, peak), 0.25);
+}
+
+// Where the CPU or OS allows AMX the loop runs and its sums are checked (a
+// tile configuration the instructions ignored reports "missing", not a rate);
+// elsewhere the figure is absent with the probe's own reason. No rate is
+// asserted.
+TEST(BenchHarness, AmxPeakIsMeasuredExactlyWhereTilesAreAllowed) {
+  ab::TimingOptions quick;
+  quick.min_time = 0.0;
+  quick.min_reps = 1;
+  const ab::AmxPeak peak = ab::measure_amx_peak(64, quick);
+  EXPECT_EQ(peak.trips, 64);
+  if (attend::cpu::supports(attend::cpu::Isa::avx512amx)) {
+    EXPECT_TRUE(peak.measured()) << peak.missing;
+    EXPECT_TRUE(peak.missing.empty()) << peak.missing;
+    EXPECT_GE(peak.threads, 1);
+    EXPECT_GE(peak.reps, 5);
+  } else {
+    EXPECT_FALSE(peak.measured());
+    EXPECT_EQ(peak.missing, "this CPU or OS does not allow AMX-BF16 tiles");
+  }
+}
+
+TEST(BenchHarness, AmxPeakRejectsTripCountsOutsideItsExactRangeByName) {
+  for (const std::int64_t trips : {std::int64_t{0}, ab::kAmxMaxTrips + 1}) {
+    try {
+      (void)ab::measure_amx_peak(trips);
+      FAIL() << "trips = " << trips << " accepted";
+    } catch (const attend::Error& e) {
+      EXPECT_EQ(e.field(), "amx_peak_trips");
+      EXPECT_EQ(e.value(), std::to_string(trips));
+    }
+  }
+}
+
 TEST(BenchHarness, Bf16GemmPeakRejectsAnEmptyProblemByName) {
   try {
     (void)ab::measure_bf16_gemm_peak(0);
@@ -262,8 +353,8 @@ TEST(BenchHarness, TableCsvAndJsonCarryTheDocumentedFields) {
   EXPECT_NE(table.str().find("sgemm_peak: 100.0 GFLOP/s (n=64"), std::string::npos) << table.str();
   EXPECT_NE(table.str().find("flash_isa: "), std::string::npos);
   EXPECT_NE(table.str().find("blas_config: OpenBLAS test"), std::string::npos);
-  for (const char* column :
-       {"problem", "impl", "pass", "ms", "GFLOP/s", "vs_sgemm", "vs_unfused", "extra_MiB", "vs_bf16gemm"}) {
+  for (const char* column : {"problem", "impl", "pass", "ms", "GFLOP/s", "vs_sgemm", "vs_unfused", "extra_MiB",
+                             "vs_bf16gemm", "vs_amx_peak"}) {
     EXPECT_NE(table.str().find(column), std::string::npos) << column;
   }
 
@@ -278,6 +369,9 @@ TEST(BenchHarness, TableCsvAndJsonCarryTheDocumentedFields) {
   const std::vector<std::string> names = split_csv(header);
   EXPECT_EQ(names.front(), "problem");
   EXPECT_EQ(names.back(), "blas_config");
+  for (const char* name : {"vs_bf16_gemm", "vs_amx_peak", "amx_peak_gflops", "amx_peak_missing"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  }
   int rows = 0;
   for (std::string line; std::getline(lines, line); ++rows) {
     const std::vector<std::string> fields = split_csv(line);
