@@ -15,4 +15,5 @@
 #include "attend/spec.h"
 #include "attend/spec_fields.h"
 #include "attend/tensor.h"
+#include "attend/thread_policy.h"
 #include "attend/tune.h"

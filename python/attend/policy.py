@@ -6,8 +6,10 @@
     ATTEND_SELECT=autotune  ->  set_policy(select="autotune")
     ATTEND_TUNE_CACHE=path  ->  set_policy(select="autotune", tune_cache="path")  ("off": memory only)
 
-The process starts from the environment; set_policy replaces the whole policy
-(and clears the selection cache); reset_policy() goes back to the environment.
+The process starts from the environment; set_policy replaces the whole
+process-wide policy (and clears the selection cache); reset_policy() goes back
+to the environment. ``with policy(...)`` sets a policy for the current thread
+only, for the block (see policy()).
 """
 
 import contextlib
@@ -35,7 +37,8 @@ def set_policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] =
 
 
 def get_policy() -> Dict[str, Any]:
-    """The policy in force: {'force': str|None, 'disable': [str], 'log': 'off'|'info'|'debug',
+    """The policy in force on this thread (its innermost ``with policy(...)``
+    block's, else the process-wide one): {'force': str|None, 'disable': [str], 'log': 'off'|'info'|'debug',
     'select': 'priority'|'autotune', 'tune_cache': str ('' = the default file)}."""
     return _C.get_policy()
 
@@ -52,15 +55,28 @@ def reset_policy() -> None:
 @contextlib.contextmanager
 def policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] = (), log: str = "off",
            select: str = "priority", tune_cache: Optional[str] = None) -> Iterator[None]:
-    """Temporarily sets the policy (keywords as set_policy, checked on entry):
+    """Sets the whole policy for the block, on the current thread only
+    (keywords as set_policy, checked on entry):
     ``with attend.policy(force="reference"): ...`` or
-    ``with attend.policy(select="autotune", tune_cache="/tmp/tune.json"): ...``."""
-    saved = get_policy()
-    set_policy(force, disable, log, select, tune_cache)
+    ``with attend.policy(select="autotune", tune_cache="/tmp/tune.json"): ...``.
+
+    Other threads keep the policy they had, as torch.no_grad() is per thread:
+    blocks that overlap in several threads cannot restore each other's policy
+    (a save/set/restore of the process-wide policy leaves the last block to
+    exit restoring what another block set). Blocks nest; leaving one, by an
+    exception too, removes its own policy and nothing else (the innermost
+    block still open wins; none open: the process-wide one). set_policy()
+    inside a block changes the process-wide policy, which the thread sees
+    again once its blocks have exited. Threads started inside a block get the
+    process-wide policy, not the block's; asyncio tasks on one thread share
+    that thread's blocks."""
+    if isinstance(disable, str):
+        disable = [d.strip() for d in disable.split(",") if d.strip()]
+    token = _C.push_thread_policy(force, list(disable), log, select, tune_cache or "")
     try:
         yield
     finally:
-        _restore(saved)
+        _C.pop_thread_policy(token)
 
 
 def backends() -> List[str]:

@@ -282,8 +282,8 @@ py::dict policy_dict(const Policy& p) {
   return d;
 }
 
-void set_policy_from(const std::optional<std::string>& force, const std::vector<std::string>& disable,
-                     const std::string& log, const std::string& select, const std::string& tune_cache) {
+Policy policy_from(const std::optional<std::string>& force, const std::vector<std::string>& disable,
+                   const std::string& log, const std::string& select, const std::string& tune_cache) {
   Policy p;
   p.force = force;
   p.disabled = disable;
@@ -300,7 +300,7 @@ void set_policy_from(const std::optional<std::string>& force, const std::vector<
   p.strategy = parse_strategy(select, "select");
   p.strategy_source = "select";
   p.tune_cache = tune_cache;
-  set_policy(std::move(p));  // unknown backend names fail here, not at the next call
+  return p;
 }
 
 std::vector<std::string> backend_names() {
@@ -509,8 +509,22 @@ PYBIND11_MODULE(_C, m) {
         py::arg("seqlen_q"), py::arg("seqlen_kv"));
   m.def("get_policy", [] { return policy_dict(attend::current_policy()); });
   m.def("policy_from_env", [] { return policy_dict(attend::Policy::from_env()); });
-  m.def("set_policy", &set_policy_from, py::arg("force"), py::arg("disable"), py::arg("log"),
-        py::arg("select") = std::string("priority"), py::arg("tune_cache") = std::string());
+  // Unknown backend names fail here, not at the next call.
+  m.def(
+      "set_policy",
+      [](const std::optional<std::string>& force, const std::vector<std::string>& disable, const std::string& log,
+         const std::string& select,
+         const std::string& tune_cache) { attend::set_policy(policy_from(force, disable, log, select, tune_cache)); },
+      py::arg("force"), py::arg("disable"), py::arg("log"), py::arg("select") = std::string("priority"),
+      py::arg("tune_cache") = std::string());
+  m.def(
+      "push_thread_policy",
+      [](const std::optional<std::string>& force, const std::vector<std::string>& disable, const std::string& log,
+         const std::string& select, const std::string& tune_cache) {
+        return attend::push_thread_policy(policy_from(force, disable, log, select, tune_cache));
+      },
+      py::arg("force"), py::arg("disable"), py::arg("log"), py::arg("select"), py::arg("tune_cache"));
+  m.def("pop_thread_policy", &attend::pop_thread_policy, py::arg("token"));
   m.def("backends", &backend_names);
   m.def("flash_isa", [] { return std::string(attend::flash_active_isa()); });
 }

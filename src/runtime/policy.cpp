@@ -1,13 +1,16 @@
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "attend/error.h"
 #include "attend/registry.h"
 #include "attend/select.h"
+#include "attend/thread_policy.h"
 #include "cpu/isa.h"
 #include "runtime/policy_state.h"
 
@@ -51,6 +54,9 @@ PolicyState& state() {
   static PolicyState s;
   return s;
 }
+
+// This thread's pushed policies, innermost last.
+thread_local std::vector<std::shared_ptr<const detail::PolicySnapshot>> thread_policies;
 
 std::string registered_names() {
   std::string s;
@@ -154,9 +160,28 @@ void set_policy(Policy policy) {
   clear_selection_cache();
 }
 
+std::uint64_t push_thread_policy(Policy policy) {
+  validate_policy(policy);
+  // A fresh snapshot has a fresh id (the token): selections cached under
+  // another policy are not reused, and none need clearing.
+  thread_policies.push_back(make_snapshot(std::move(policy)));
+  return thread_policies.back()->id;
+}
+
+void pop_thread_policy(std::uint64_t token) {
+  const auto it =
+      std::find_if(thread_policies.begin(), thread_policies.end(), [token](const auto& s) { return s->id == token; });
+  if (it == thread_policies.end()) {
+    throw Error(ErrorCode::bad_state, "thread policy", std::to_string(token),
+                "this thread holds no such policy (popped already, or pushed on another thread)");
+  }
+  thread_policies.erase(it);
+}
+
 namespace detail {
 
 std::shared_ptr<const PolicySnapshot> policy_snapshot() {
+  if (!thread_policies.empty()) return thread_policies.back();
   PolicyState& s = state();
   std::lock_guard lock(s.mutex);
   if (!s.snapshot) s.snapshot = make_snapshot(Policy::from_env());
