@@ -29,6 +29,7 @@ import torch
 
 from . import _C, _arrays
 from .errors import InvalidArgumentError, UnsupportedError, _raise
+from ._torch_inputs import one_device
 
 _TORCH_DTYPE = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16,
                 "i32": torch.int32}
@@ -302,6 +303,10 @@ def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=N
     """Runs attention; returns (out, lse)."""
     mode = mode_for((q, k, v, bias, sinks), training)
     tensors = (q, k, v, bias, slopes, cu_q, cu_kv, sinks)
+    # The entry points check their arguments under their own names; this
+    # catches what they derive (a default ALiBi table, a mask), which must
+    # never take a mixed call to the op's fake kernel either.
+    one_device("attend", **dict(zip(_NAMES, tensors)))
     if _direct(tensors, (q, k, v, bias, sinks)):
         out, lse, _, _ = _native_forward(spec, mode, dict(zip(_NAMES, tensors)))
         return out, lse
@@ -452,6 +457,9 @@ class Problem:
     def with_sinks(self, sinks):
         """This problem with learnable sink logits `sinks` (H_q): softmax_type learnable."""
         if sinks is not None:
+            if isinstance(sinks, torch.Tensor) and sinks.device != self.q.device:
+                _raise(InvalidArgumentError, "sinks.device", sinks.device, f"the query is on {self.q.device}: the "
+                       "sink logits must be on the query's device (attend moves nothing between devices)")
             given = self.spec.get("softmax_type")
             if given not in (None, "learnable"):
                 _raise(InvalidArgumentError, "softmax_type", given, "sinks= gives learnable sink logits: "

@@ -36,7 +36,7 @@ def int32_index(t, name, dims):
     if t.dtype not in _NARROWED:
         _raise(InvalidArgumentError, f"{name}.dtype", t.dtype, "expected int32 (or an integer dtype whose values "
                "fit in int32)")
-    if t.dtype == torch.int64 and t.numel():
+    if t.dtype == torch.int64 and t.numel() and not t.is_meta:  # (a meta tensor has no values to check)
         hit = _first_outside(t)
         if hit is not None:
             _raise(InvalidArgumentError, f"{name}[{hit[0]}]", hit[1],

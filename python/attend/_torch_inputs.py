@@ -4,6 +4,8 @@ neither of those two modules imports the other."""
 
 import torch
 
+from .errors import InvalidArgumentError, UnsupportedError, _raise
+
 _NEW_AUTOCAST = hasattr(torch, "get_autocast_dtype")
 
 
@@ -31,3 +33,31 @@ def autocast(*tensors):
         return tensors
     return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dt else t
                  for t in tensors)
+
+
+def one_device(api, **tensors):
+    """Raises naming the first tensor argument (None and non-tensors skipped)
+    on another device than the first one. Nothing moves data between devices
+    (torch's SDPA refuses too): a meta tensor among CPU ones would otherwise
+    send the whole call to the op's fake kernel, whose output is on q's device
+    and uninitialised, and CPU tensors among meta ones would give a meta
+    result for a call that cannot run."""
+    first = None
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        if first is None:
+            first = (name, t.device)
+        elif t.device != first[1]:
+            _raise(InvalidArgumentError, f"{name}.device", t.device, f"{first[0]} is on {first[1]}: every tensor "
+                   f"argument of {api} must be on one device (attend moves nothing between devices)")
+
+
+def no_meta(api, why, **tensors):
+    """Raises naming the first meta tensor: `api` reads values (`why`), which a
+    meta tensor has none of."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            _raise(UnsupportedError, f"{name}.device", t.device, f"{api} {why}: a meta tensor has none (meta "
+                   "tensors serve the shape-only entry points: scaled_dot_product_attention, flash_attn_func, "
+                   "flash_attn_varlen_func, DotProductAttention)")

@@ -23,22 +23,22 @@ import torch
 
 from . import _autograd, _masks
 from .errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
-from ._torch_inputs import autocast as _autocast
+from ._torch_inputs import autocast as _autocast, no_meta as _no_meta, one_device as _one_device
 from ._index import int32_index
 
 _MASK_TYPES = ("no_mask", "causal", "causal_bottom_right", "padding", "padding_causal",
                "padding_causal_bottom_right", "arbitrary")
 
 
-def alibi_slopes_for(heads):
+def alibi_slopes_for(heads, device=None):
     """The standard ALiBi slopes (Press et al.): 2^(-8i/H) for i = 1..H, with the
-    interleaved extension when H is not a power of two."""
+    interleaved extension when H is not a power of two; on `device` (the CPU by default)."""
     def powers(n):
         start = 2 ** (-8.0 / n)
         return [start ** (i + 1) for i in range(n)]
     p = 2 ** math.floor(math.log2(heads))
     slopes = powers(p) if p == heads else powers(p) + powers(2 * p)[0::2][:heads - p]
-    return torch.tensor(slopes, dtype=torch.float32)
+    return torch.tensor(slopes, dtype=torch.float32, device=device)
 
 
 class DotProductAttention(torch.nn.Module):
@@ -127,6 +127,11 @@ class DotProductAttention(torch.nn.Module):
     def _problem(self, q, k, v, attention_mask=None, qkv_format=None, cu_seqlens_q=None, cu_seqlens_kv=None,
                  max_seqlen_q=None, max_seqlen_kv=None, attn_mask_type=None, window_size=None,
                  core_attention_bias_type="no_bias", core_attention_bias=None, alibi_slopes=None):
+        qm, km = attention_mask if isinstance(attention_mask, (tuple, list)) else (attention_mask, None)
+        _one_device("DotProductAttention", query_layer=q, key_layer=k, value_layer=v, attention_mask=qm,
+                    attention_mask_kv=km, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv,
+                    core_attention_bias=core_attention_bias, alibi_slopes=alibi_slopes,
+                    softmax_offset=self.softmax_offset)
         q, k, v = _autocast(q, k, v)
         if core_attention_bias is not None:
             (core_attention_bias,) = _autocast(core_attention_bias)
@@ -152,7 +157,7 @@ class DotProductAttention(torch.nn.Module):
             right = 0
         slopes = None
         if core_attention_bias_type == "alibi":
-            slopes = alibi_slopes if alibi_slopes is not None else alibi_slopes_for(self.num_attention_heads)
+            slopes = alibi_slopes if alibi_slopes is not None else alibi_slopes_for(self.num_attention_heads, q.device)
         elif core_attention_bias_type not in ("no_bias", "post_scale_bias"):
             _raise(UnsupportedError, "core_attention_bias_type", core_attention_bias_type,
                    "attend supports no_bias, post_scale_bias and alibi")
@@ -188,7 +193,7 @@ class DotProductAttention(torch.nn.Module):
         if top_left and sq != sk:
             aligned = _masks.top_left_window(sq, sk, left, right)
             if aligned is None:  # not expressible bottom-right: an explicit mask
-                w = _masks.window_keep(sq, sk, left, right, top_left=True).view(1, 1, sq, sk)
+                w = _masks.window_keep(sq, sk, left, right, top_left=True, device=q.device).view(1, 1, sq, sk)
                 keep = w if keep is None else keep & w
                 causal, left, right = False, -1, -1
             else:
@@ -215,6 +220,9 @@ class DotProductAttention(torch.nn.Module):
         if mask_type == "arbitrary" or bias_type == "post_scale_bias":
             _raise(UnsupportedError, "attn_mask_type", mask_type, "thd supports padding/causal masks, not "
                    "arbitrary masks or post-scale bias")
+        if top_left or max_q is None or max_kv is None:
+            _no_meta("DotProductAttention", "reads cu_seqlens for a top-left causal mask or a missing max_seqlen",
+                     cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv)
         cu_q, cu_kv = int32_index(cu_q, "cu_seqlens_q", 1), int32_index(cu_kv, "cu_seqlens_kv", 1)
         if top_left and not torch.equal(cu_q, cu_kv):
             _raise(UnsupportedError, "attn_mask_type", mask_type, "top-left causal masks over thd sequences with "

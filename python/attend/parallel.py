@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from . import _C, _core
 from .errors import InvalidArgumentError, UnsupportedError, _raise
+from ._torch_inputs import one_device
 
 STRATEGIES = ("auto", "ring", "a2a")
 
@@ -342,6 +343,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: Dict[str,
             _raise(InvalidArgumentError, f"{n}.dim", t.dim(), "context parallelism takes (B, S_local, H, D) tensors")
         if t.device.type != "cpu":
             _raise(UnsupportedError, f"{n}.device", str(t.device), "attend's kernels run on the CPU")
+    one_device("attend.parallel.attention", q=q, k=k, v=v, alibi_slopes=alibi_slopes, sinks=sinks)
     if q.shape[1] != k.shape[1]:
         _raise(InvalidArgumentError, "seqlen", f"{q.shape[1]} != {k.shape[1]}",
                "context parallelism needs as many local query rows as key rows")

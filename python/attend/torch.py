@@ -24,7 +24,8 @@ from ._autograd import Problem, draw_dropout_seed
 from ._index import int32_index, require_non_negative
 from ._masks import dropout_mask, dropout_mask_varlen
 from ._spec_fields import with_fields
-from ._torch_inputs import autocast as _autocast, autocast_dtype as _autocast_dtype, compiling as _compiling
+from ._torch_inputs import (autocast as _autocast, autocast_dtype as _autocast_dtype, compiling as _compiling,
+                            no_meta as _no_meta, one_device as _one_device)
 from .module import DotProductAttention
 from .policy import Explanation
 
@@ -87,6 +88,7 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
                   enable_gqa=False, **spec_fields):
     for t, n in ((query, "query"), (key, "key"), (value, "value")):
         _check_tensor(t, n, range(3, 9))
+    _one_device("scaled_dot_product_attention", query=query, key=key, value=value, attn_mask=attn_mask)
     dropout_p = _check_dropout(dropout_p)
     query, key, value = _autocast(query, key, value)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
@@ -242,6 +244,7 @@ def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, win
                    alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(t, n, (4,))
+    _one_device("flash_attn_func", q=q, k=k, v=v, alibi_slopes=alibi_slopes)
     q, k, v = _autocast(q, k, v)
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_kv=k.shape[1], layout="bshd")
@@ -347,7 +350,7 @@ def _check_max_seqlen(cu, given, name, field):
     checks natively; the ops read sizes from cu_seqlens, so training would
     otherwise accept a wrong maximum silently. Skipped inside a trace, where the
     values are not known."""
-    if _compiling() or cu.numel() < 2:
+    if _compiling() or cu.is_meta or cu.numel() < 2:  # (a meta tensor has no values)
         return
     longest = int((cu[1:] - cu[:-1]).max())
     if longest > int(given):
@@ -359,6 +362,8 @@ def _check_max_seqlen(cu, given, name, field):
 def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                     deterministic=False, return_attn_probs=False, block_table=None, **spec_fields):
+    _one_device("flash_attn_varlen_func", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                alibi_slopes=alibi_slopes, block_table=block_table)
     if block_table is not None:
         _raise(UnsupportedError, "block_table", "set", "paged K/V is not supported by attend.torch yet")
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
@@ -484,6 +489,11 @@ def flash_attn_with_kvcache(
     Returns out (B, Sq, H, Dv), and the LSE (B, H, Sq) with return_softmax_lse.
     Rotary embedding is not supported (apply it to q/k before the call).
     ``sinks``: (H) sink logits (gpt-oss style), as in flash_attn_func."""
+    tensor_args = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                       cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                       block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks)
+    _one_device("flash_attn_with_kvcache", **tensor_args)
+    _no_meta("flash_attn_with_kvcache", "reads the cache lengths and writes the caches", **tensor_args)
     if rotary_cos is not None or rotary_sin is not None:
         _raise(UnsupportedError, "rotary_cos", "set", "attend applies no rotary embedding: rotate q and k first")
     _check_tensor(q, "q", (4,))

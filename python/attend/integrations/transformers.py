@@ -57,6 +57,7 @@ except ImportError as e:
                       f"AttentionInterface and AttentionMaskInterface (pip install 'attend[transformers]'): {e}") from e
 
 from ..errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
+from .._torch_inputs import one_device
 from ..torch import (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
                      scaled_dot_product_attention)
 
@@ -353,6 +354,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                    "expected (batch, heads, seq, head_dim) tensors")
     if sinks is None:
         sinks = s_aux  # gpt-oss names its sink logits s_aux
+    one_device("attend's transformers attention", query=query, key=key, value=value, attention_mask=attention_mask,
+               sinks=sinks, cu_seq_lens_q=kwargs.get("cu_seq_lens_q"), cu_seq_lens_k=kwargs.get("cu_seq_lens_k"))
     softcap = float(softcap) if softcap else 0.0
     dropout = float(dropout)
     flash = dict(dropout_p=dropout, softmax_scale=scaling, softcap=softcap, sinks=sinks)
