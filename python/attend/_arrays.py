@@ -10,7 +10,7 @@ negative stride or a non-native byte order costs a copy.
 
 import sys
 
-from .errors import InvalidArgumentError, _raise
+from .errors import InvalidArgumentError, UnsupportedError, _raise
 
 _NUMPY_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32"}
 _NUMPY_DTYPES = {v: k for k, v in _NUMPY_NAMES.items()}
@@ -41,6 +41,10 @@ def _describe_torch(t, name):
     if t.device.type != "cpu":
         _raise(InvalidArgumentError, f"{name}.device", t.device,
                "no attend backend serves this device: attend computes on the CPU (move the tensor with .cpu())")
+    wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+    if wrapped is not None and wrapped(t):
+        _raise(UnsupportedError, f"{name}.transform", "torch.func", "a torch.func transform's tensor (vmap, grad, "
+               "jvp) has no memory attend can read: call attend.torch's functions, whose ops support vmap")
     if t.layout != torch.strided or t.is_quantized:
         _raise(InvalidArgumentError, f"{name}.layout", t.layout, "attend needs a dense strided tensor")
     dtype = torch_dtype_names().get(t.dtype)

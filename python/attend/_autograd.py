@@ -29,7 +29,7 @@ import torch
 
 from . import _C, _arrays
 from .errors import InvalidArgumentError, UnsupportedError, _raise
-from ._torch_inputs import one_device
+from ._torch_inputs import one_device, refuse_transforms, transforming
 
 _TORCH_DTYPE = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16,
                 "i32": torch.int32}
@@ -61,6 +61,11 @@ def draw_dropout_seed():
     """The dropout seed of one call: 62 random bits from torch's default CPU
     generator, so ``torch.manual_seed`` makes runs reproducible. Drawn once per
     call with dropout_p > 0; the same seed is kept for backward."""
+    if transforming():
+        # One seed per call: vmapped elements would share one mask (and
+        # .item() of a batched draw is no number).
+        _raise(UnsupportedError, "dropout_p", "> 0", "attention dropout under torch.func transforms is not "
+               "supported: call per batch element, or without dropout")
     return int(torch.randint(0, 2 ** 62, (1,), dtype=torch.int64).item())
 
 
@@ -284,6 +289,31 @@ if HAS_OPS:
 
     attention_forward.register_autograd(_backward, setup_context=_setup)
 
+    def _vmap_per_element(op):
+        """A vmap rule that runs `op` once per mapped element and stacks the
+        results: right for every layout and every argument mapped or not, at
+        the cost of one call per element (the plan tensor too is per
+        element, so a vmapped backward runs each on its forward's plan)."""
+        def rule(info, in_dims, *args):
+            results = []
+            for i in range(info.batch_size):
+                one = [a.select(d, i) if d is not None else a for a, d in zip(args, in_dims)]
+                if op is attention_forward and one[-1] == "inference":
+                    # A mapped tensor shows no requires_grad to run()'s
+                    # choice of mode; its elements do.
+                    one[-1] = mode_for([t for t in one if isinstance(t, torch.Tensor)])
+                results.append(op(*one))
+            outs = [torch.stack(r) for r in zip(*results)]
+            return outs, [0] * len(outs)
+        return rule
+
+    HAS_VMAP = hasattr(torch.library, "register_vmap")
+    if HAS_VMAP:
+        torch.library.register_vmap("attend::attention_forward", _vmap_per_element(attention_forward))
+        torch.library.register_vmap("attend::attention_backward", _vmap_per_element(attention_backward))
+else:
+    HAS_VMAP = False
+
 
 def _direct(tensors, differentiable):
     """Whether a call may skip the torch.library op and call the native forward
@@ -296,6 +326,8 @@ def _direct(tensors, differentiable):
         return False
     if HAS_OPS and torch.compiler.is_compiling():
         return False
+    if transforming():
+        return False
     return all(t is None or (type(t) is torch.Tensor and t.device.type == "cpu") for t in tensors)
 
 
@@ -307,6 +339,7 @@ def run(spec, q, k, v, bias=None, slopes=None, cu_q=None, cu_kv=None, training=N
     # catches what they derive (a default ALiBi table, a mask), which must
     # never take a mixed call to the op's fake kernel either.
     one_device("attend", **dict(zip(_NAMES, tensors)))
+    refuse_transforms("attend.torch", HAS_VMAP)
     if _direct(tensors, (q, k, v, bias, sinks)):
         out, lse, _, _ = _native_forward(spec, mode, dict(zip(_NAMES, tensors)))
         return out, lse

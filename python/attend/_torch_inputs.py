@@ -18,6 +18,42 @@ def compiling():
     return _IS_COMPILING is not None and _IS_COMPILING()
 
 
+_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", None)
+
+
+def transforming():
+    """True under a torch.func transform (vmap, grad, jvp, ...): its tensors
+    are wrappers with no memory of their own, which only the ops can take."""
+    return _TRANSFORMS_ACTIVE is not None and _TRANSFORMS_ACTIVE()
+
+
+# What each torch.func transform attend cannot follow covers, and why.
+_REFUSED = {
+    "Grad": ("grad", "torch.func.grad, grad_and_value, vjp, jacrev and hessian differentiate through a "
+             "torch.func rule attend's ops do not have: use torch.autograd (loss.backward(), torch.autograd.grad), "
+             "per sample in a loop for per-sample gradients"),
+    "Jvp": ("jvp", "attend's ops have no forward-mode derivative (torch.func.jvp, jacfwd, hessian): use "
+            "torch.autograd's reverse mode"),
+}
+
+
+def refuse_transforms(api, vmap_ok):
+    """Raises an UnsupportedError naming the torch.func transform in force that
+    `api` cannot run under (vmap unless `vmap_ok`). Without it the wrappers
+    reached the extension, which failed reading their data pointer."""
+    if not transforming():
+        return
+    stack = getattr(torch._C._functorch, "get_interpreter_stack", lambda: None)() or []
+    for interpreter in stack:
+        kind = str(interpreter.key()).rsplit(".", 1)[-1]
+        if kind in _REFUSED:
+            name, why = _REFUSED[kind]
+            _raise(UnsupportedError, "torch.func", name, f"{api} does not support torch.func.{name}: {why}")
+        if kind == "Vmap" and not vmap_ok:
+            _raise(UnsupportedError, "torch.func", "vmap", f"{api} does not support torch.func.vmap: call it per "
+                   "batch element, or fold the mapped dimension into the batch")
+
+
 def autocast_dtype():
     """The dtype torch.autocast on the CPU runs lower-precision ops in, or None when it is off."""
     if _NEW_AUTOCAST:

@@ -25,7 +25,8 @@ from ._index import int32_index, require_non_negative
 from ._masks import dropout_mask, dropout_mask_varlen
 from ._spec_fields import with_fields
 from ._torch_inputs import (autocast as _autocast, autocast_dtype as _autocast_dtype, compiling as _compiling,
-                            no_meta as _no_meta, one_device as _one_device)
+                            no_meta as _no_meta, one_device as _one_device, refuse_transforms as _refuse_transforms,
+                            transforming as _transforming)
 from .module import DotProductAttention
 from .policy import Explanation
 
@@ -160,8 +161,8 @@ def _sdpa_problem(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
 
 
 def _eager():
-    """Not under torch.compile or autocast: what the fast paths assume."""
-    return not _compiling() and _autocast_dtype() is None
+    """Not under torch.compile, autocast or a torch.func transform: what the fast paths assume."""
+    return not _compiling() and _autocast_dtype() is None and not _transforming()
 
 
 def _sdpa_fast(query, key, value, is_causal, scale, enable_gqa):
@@ -492,6 +493,7 @@ def flash_attn_with_kvcache(
     tensor_args = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                        cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                        block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks)
+    _refuse_transforms("flash_attn_with_kvcache", vmap_ok=False)  # it writes the caches in place
     _one_device("flash_attn_with_kvcache", **tensor_args)
     _no_meta("flash_attn_with_kvcache", "reads the cache lengths and writes the caches", **tensor_args)
     if rotary_cos is not None or rotary_sin is not None:
