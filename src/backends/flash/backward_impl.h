@@ -53,6 +53,48 @@ inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span,
   nan_unless_finite(dsum, m);
 }
 
+// Rows that see at most this many keys, all in the current tile, take their
+// scores and dP from dot_f64 (few_key_dots, which says what it costs).
+inline constexpr std::int64_t kFewKeys = 4;
+
+inline bool few_keys(const detail::KeyRange& vis, bool in_block) { return in_block && vis.end - vis.begin <= kFewKeys; }
+
+// a . b over n elements, summed in double: the product of two floats is exact
+// there, so the sum carries ~n 2^-53 relative error. Eight running sums in
+// lanes, which the compiler may vectorise (the order is fixed either way).
+template <class E>
+inline double dot_f64(const float* a, const E* b, std::int64_t n) {
+  double acc[8] = {};
+  std::int64_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(a[d + l]) * detail::to_f32(b[d + l]);
+  }
+  double sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; d < n; ++d) sum += static_cast<double>(a[d]) * detail::to_f32(b[d]);
+  return sum;
+}
+
+// put(r, j, j - first visible key, a_r . b(j)) in double for each visible key j of the m rows from
+// query i0 that see few keys, all in the tile (few_keys); b(j) is key j's row
+// of `depth` elements. The tile's GEMM sums each product over the head dim in
+// one f32 chain, an error that grows like the depth (2e-6 rms on a score of
+// 256 products at scale 0.48, 3 x what a blocked sgemm such as MKL's makes).
+// A row of few keys turns it into a relative error of its whole gradient: with
+// two keys dS_1 = -dS_2 = P_1 P_2 (dP_1 - dP_2), off by (P_2 - P_1) e(s_1 - s_2)
+// and e(dP_1 - dP_2) / (dP_1 - dP_2), and dQ missed the strict rule at 1.44 x
+// (Sq 299, Sk 2, D 256/128, MQA, scale 0.477). The double dots cost a
+// quarter to half of a backward whose rows all see 2 to 4 keys (one core, Zen
+// 5); at 16 keys they cost 3 x, so longer rows keep the GEMM's scores.
+template <class B, class Put>
+inline void few_key_dots(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0, std::int64_t m,
+                         const bool* in_block, const float* a, std::int64_t lda, B b, std::int64_t depth, Put put) {
+  for (std::int64_t r = 0; r < m; ++r) {
+    const detail::KeyRange vis = p.keys(i0 + r, span);
+    if (!few_keys(vis, in_block[r])) continue;
+    for (std::int64_t j = vis.begin; j < vis.end; ++j) put(r, j, j - vis.begin, dot_f64(a + r * lda, b(j), depth));
+  }
+}
+
 // D of the rows whose visible keys all lie in this tile (in_block), as the
 // textbook softmax backward forms it: D = sum_j P_ij dP_ij over the row's
 // keys, with P and dP (after dropout) of the tile whose columns start at key
@@ -82,11 +124,18 @@ inline void softmax_grad_rows(const FlashParams& p, const detail::SeqSpan& span,
 // whose missing share is below the tolerance (2^-19 + 2^-20 |LSE|: 16 ulps of
 // the LSE) gets an error below tol * max|dP - D|. Rows of a non-finite tile
 // keep rowsum(dO * O) (nonfinite_tile.h).
+//
+// A whole row of few keys (few_keys) then moves to the softmax of its exact
+// scores: shift holds, kFewKeys per row from its first visible key, each
+// exact score minus the GEMM's (few_key_dots), and dcap (softcap only) the
+// logit's derivative, so P_j exp(dcap_j shift_j) ~ P_j (1 + dcap_j shift_j),
+// to the shift's square (~1e-11), before the renormalisation. The mass test
+// takes P of the GEMM's scores, those the forward's LSE was summed from.
 template <class S, class E>
 inline void tile_softmax_grad(const FlashParams& p, const detail::SeqSpan& span, std::int64_t h, std::int64_t i0,
                               std::int64_t jt, float* pt, const float* dp, std::int64_t ld, const float* lse,
                               const bool* in_block, bool finite, const float* dout, std::int64_t ldd, const E* out,
-                              std::int64_t lds, std::int64_t m, float* dsum) {
+                              std::int64_t lds, std::int64_t m, float* dsum, const float* shift, const float* dcap) {
   const bool has_sink = p.sinks.any();
   const double sink = p.sinks(h);
   for (std::int64_t r = 0; r < m; ++r) {
@@ -102,6 +151,17 @@ inline void tile_softmax_grad(const FlashParams& p, const detail::SeqSpan& span,
         d += static_cast<double>(pr[j]) * dpr[j];
       }
       if (std::abs(mass - 1.0) <= 0x1p-19 + 0x1p-20 * std::abs(lse[r])) {
+        if (few_keys(vis, true)) {
+          const float* sh = shift + r * kFewKeys - lo;
+          mass = has_sink ? std::exp(sink - lse[r]) : 0.0;
+          d = 0.0;
+          for (std::int64_t j = lo; j < hi; ++j) {
+            const double x = dcap ? static_cast<double>(dcap[r * ld + j]) * sh[j] : sh[j];
+            pr[j] = static_cast<float>(pr[j] * (1.0 + x));
+            mass += pr[j];
+            d += static_cast<double>(pr[j]) * dpr[j];
+          }
+        }
         const double inv = 1.0 / mass;
         for (std::int64_t j = lo; j < hi; ++j) pr[j] = static_cast<float>(pr[j] * inv);
         dsum[r] = static_cast<float>(d * inv);
@@ -295,6 +355,7 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
   float* dsum = dq_tile + BM * dqp;    // BM         D_i
   float* lse = dsum + BM;              // BM
   bool in_block[BM];                   // D_i from this tile (tile_softmax_grad)
+  float shift[BM * kFewKeys];          // exact minus GEMM scores of rows of few keys
 
   zero_dq_accum<S>(p, task, span, scratch);  // this task owns these dQ rows
 
@@ -357,6 +418,12 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
         // logit term in the LSE: any of them sends the tile to the visible-pair
         // products (nonfinite_tile.h).
         products(qblk, dqp, kt + c0, dqk, t_p);
+        const std::int64_t jt = j0 + c0;
+        few_key_dots(
+            p, span, i0, m, in_block, qblk, dqp, [&](std::int64_t j) { return kblk + (j - j0) * dqp; }, dqk,
+            [&](std::int64_t r, std::int64_t j, std::int64_t k, double x) {
+              shift[r * kFewKeys + k] = static_cast<float>(p.scale * x - t_p[r * BN + j - jt]);
+            });
         bool finite = tile_finite<S>(t_p, m, nc, BN) && lse_and_d_clean(lse, dsum, m);
         const Tile tile{b, h, i0, m, j0 + c0, nk, span, t_p, BN, false, m, nc};
         finish_logits<S, E>(p, tile, p.softcap > 0 ? t_th : nullptr);
@@ -372,11 +439,16 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
 
         // dP = (dO V^T) * keep/(1-p);  scale * dS = scale * P * (dP - D) [* (1 - tanh^2)]
         products(doblk, dvp, vt + c0, dv, t_ds);
+        few_key_dots(
+            p, span, i0, m, in_block, doblk, dvp, [&](std::int64_t j) { return p.v_row<E>(b, span, j, hk); }, dv,
+            [&](std::int64_t r, std::int64_t j, std::int64_t, double x) {
+              t_ds[r * BN + j - jt] = static_cast<float>(x);
+            });
         finite = finite && tile_finite<S>(t_ds, m, nc, BN);
         const Tile dtile{b, h, i0, m, j0 + c0, nk, span, t_ds, BN, false, m, nc};
         if (p.dropout) apply_dropout(p, dtile);
-        tile_softmax_grad<S>(p, span, h, i0, j0 + c0, t_p, t_ds, BN, lse, in_block, finite, doblk, dvp, out, p.so.s, m,
-                             dsum);
+        tile_softmax_grad<S>(p, span, h, i0, jt, t_p, t_ds, BN, lse, in_block, finite, doblk, dvp, out, p.so.s, m, dsum,
+                             shift, p.softcap > 0 ? t_th : nullptr);
         finite = finite && lse_and_d_clean(lse, dsum, m);
         const V vscale = S::set1(p.scale);
         for (std::int64_t r = 0; r < m; ++r) {
