@@ -11,6 +11,8 @@ from conftest import math_attention, randn
 
 needs_vmap = pytest.mark.skipif(not (at.HAS_TORCH_LIBRARY_OPS and hasattr(torch.library, "register_vmap")),
                                 reason="vmap rules need torch.library ops and register_vmap")
+# torch.func came with torch 2.0 (py/torch1 runs Debian's 1.x).
+needs_func = pytest.mark.skipif(not hasattr(torch, "func"), reason="torch.func needs torch >= 2.0")
 
 
 def _math_flash(q, k, v, causal=False):
@@ -57,6 +59,7 @@ def test_vmap_in_training_gives_the_per_element_gradients():
         torch.testing.assert_close(g[i], gi)
 
 
+@needs_func
 def test_grad_and_jvp_are_errors_naming_the_transform():
     x = randn(1, 5, 2, 8)
     with pytest.raises(UnsupportedError, match="torch.func.grad") as e:
@@ -71,6 +74,7 @@ def test_grad_and_jvp_are_errors_naming_the_transform():
         torch.func.grad(lambda a: at.scaled_dot_product_attention(a, a, a).sum())(x)
 
 
+@needs_func
 def test_entry_points_that_read_memory_refuse_vmap_by_name():
     x = randn(2, 1, 1, 2, 8)
     cache = torch.zeros(1, 8, 2, 8)
