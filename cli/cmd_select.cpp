@@ -123,7 +123,7 @@ int run_select(const SelectCommand& cmd) {
   } catch (const attend::Error& e) {
     // The backend parses the target at its first check: name the flag that set it.
     if (cmd.target.empty() || e.field() != "ATTEND_CUDNN_TARGET") throw;
-    throw attend::Error(e.code(), "--target", e.value(), e.detail());
+    throw attend::Error(e.code(), "--target", e.value(), e.detail(), e.limit());
   }
 }
 

@@ -2,7 +2,10 @@
 the cudnn backend is told to answer for (issue 35). Skipped where the build has no cudnn backend or a GPU is
 present (the check then asks the device, not the target)."""
 
+import contextlib
 import os
+import threading
+import time
 
 import pytest
 
@@ -55,3 +58,56 @@ def test_explain_with_an_unknown_gpu_is_an_error_naming_the_argument_and_leaves_
     # The target the process had before is in force again: later calls work.
     assert os.environ["ATTEND_CUDNN_TARGET"] == "sm_90"
     attend.explain(device="cuda", mode="inference", **MLA)
+
+
+def refusal(target, **extra):
+    """The attend error explain(target=...) raises, checked to name the argument."""
+    with pytest.raises(attend.AttendError) as refused:
+        attend.explain(device="cuda", target=target, mode="inference", **MLA, **extra)
+    assert refused.value.field == "target", refused.value
+    return refused.value
+
+
+def test_a_descriptor_nested_3m_levels_deep_is_refused_not_a_crash(target_env, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"deviceVer":900,"x":' + "[" * 3_000_000 + "]" * 3_000_000 + "}")
+    assert str(deep) in str(refusal(str(deep)))
+    shallow_but_deep = tmp_path / "deep_small.json"
+    shallow_but_deep.write_text('{"deviceVer":900,"x":' + "[" * 200_000 + "]" * 200_000 + "}")
+    assert "nests deeper" in str(refusal(str(shallow_but_deep)))
+
+
+def test_only_a_regular_file_is_read_as_a_descriptor(target_env, tmp_path):
+    assert "is not a regular file" in str(refusal("/dev/zero"))
+    fifo = tmp_path / "gpu.json"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def unblock():
+        # Were the open to block, a writer after 5 s lets it through: the test fails instead of hanging.
+        if done.wait(5):
+            return
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            time.sleep(0.01)
+
+    writer = threading.Thread(target=unblock)
+    writer.start()
+    start = time.monotonic()
+    try:
+        e = refusal(str(fifo))
+    finally:
+        done.set()
+        writer.join()
+    assert time.monotonic() - start < 2 and "is not a regular file" in str(e), e
+
+
+def test_the_rules_read_the_descriptors_top_level_keys(target_env, tmp_path):
+    p = tmp_path / "nested.json"
+    p.write_text('{"meta": {"deviceVer": 800}, "deviceName": "Quoted \\"GPU\\"", "deviceVer": 900}')
+    text = str(attend.explain(device="cuda", target=str(p), mode="inference", **MLA))
+    assert "cuDNN's rules for sm_90" in text and 'Quoted "GPU" descriptor' in text, text
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"deviceVer": 800, "deviceVer": 900}')
+    assert '"deviceVer" twice' in str(refusal(str(twice)))

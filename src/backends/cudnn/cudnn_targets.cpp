@@ -23,10 +23,17 @@
 // the driver reports, to replace or add a target.
 #include "backends/cudnn/cudnn_targets.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
-#include <charconv>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "attend/error.h"
@@ -105,14 +112,93 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-// The position just after `"key":` (and spaces), or npos.
-std::size_t value_at(std::string_view json, std::string_view key) {
-  const std::string quoted = "\"" + std::string(key) + "\"";
-  std::size_t at = json.find(quoted);
-  if (at == std::string_view::npos) return at;
-  at = json.find_first_not_of(" \t\r\n", at + quoted.size());
-  if (at == std::string_view::npos || json[at] != ':') return std::string_view::npos;
-  return json.find_first_not_of(" \t\r\n", at + 1);
+Error bad_target(std::string_view field, std::string_view value, std::string why, std::string limit = {}) {
+  return Error(ErrorCode::invalid_argument, std::string(field), std::string(value), std::move(why), std::move(limit));
+}
+
+FileStamp stamp_of(const struct stat& st) {
+  const auto ns = [](const timespec& t) { return static_cast<std::int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec; };
+  return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+          static_cast<std::int64_t>(st.st_size), ns(st.st_mtim), ns(st.st_ctim)};
+}
+
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+
+ private:
+  int fd_;
+};
+
+// The file's bytes, at most kMaxDescriptorBytes. Opened without blocking: a
+// FIFO with no writer would hold a blocking open forever; it is then refused
+// like every file that is not regular (/dev/zero never ends).
+std::string read_descriptor_file(const std::string& path, std::string_view field, FileStamp* stamp) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    throw bad_target(field, path, "cannot open this device descriptor file: " + std::string(std::strerror(errno)));
+  const FdCloser closer(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    throw bad_target(field, path, "cannot stat this device descriptor file: " + std::string(std::strerror(errno)));
+  if (!S_ISREG(st.st_mode))
+    throw bad_target(field, path,
+                     "is not a regular file (a device descriptor is a JSON file, as attend-cudnn-descriptor prints)");
+  const auto too_large = [&](std::int64_t bytes) {
+    return bad_target(field, path,
+                      "the file has " + std::to_string(bytes) + " bytes; a device descriptor has about 700",
+                      std::to_string(kMaxDescriptorBytes) + " bytes");
+  };
+  if (st.st_size > static_cast<std::int64_t>(kMaxDescriptorBytes)) throw too_large(st.st_size);
+  *stamp = stamp_of(st);
+  // One byte more than the cap: a file that grew since fstat is still caught.
+  std::string body(kMaxDescriptorBytes + 1, '\0');
+  std::size_t got = 0;
+  while (got < body.size()) {
+    const ssize_t n = ::read(fd, body.data() + got, body.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw bad_target(field, path, "cannot read this device descriptor file: " + std::string(std::strerror(errno)));
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got > kMaxDescriptorBytes) throw too_large(static_cast<std::int64_t>(got));
+  body.resize(got);
+  return body;
+}
+
+// What reasons quote of a deviceName: printable and one line.
+std::string printable(std::string_view s) {
+  constexpr std::size_t kMax = 120;
+  std::string out;
+  for (const char c : s.substr(0, kMax)) out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+  if (s.size() > kMax) out += "...";
+  return out;
+}
+
+// A cuDNN release after a comma: digits and dots ("9.19.0", "91900").
+bool is_release(std::string_view s) {
+  return !s.empty() && s.find_first_not_of("0123456789.") == std::string_view::npos;
+}
+
+bool names_a_file(std::string_view device) {
+  return device.find('/') != std::string_view::npos || lower(device).ends_with(".json");
+}
+
+// 64-bit FNV-1a: with the length and std::hash beside it, a digest no two
+// descriptors share in practice, in a fixed few bytes.
+std::uint64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (const char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ULL;
+  }
+  return h;
 }
 
 }  // namespace
@@ -137,39 +223,91 @@ std::string DeviceDescriptor::json() const {
 
 std::span<const DeviceDescriptor> shipped_targets() { return kShipped; }
 
-std::optional<std::int64_t> json_int(std::string_view json, std::string_view key) {
-  const std::size_t at = value_at(json, key);
-  if (at == std::string_view::npos) return std::nullopt;
-  std::int64_t v = 0;
-  const auto r = std::from_chars(json.data() + at, json.data() + json.size(), v);
-  if (r.ec != std::errc()) return std::nullopt;
-  return v;
+std::optional<FileStamp> file_stamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return stamp_of(st);
 }
 
-std::optional<std::string> json_string(std::string_view json, std::string_view key) {
-  const std::size_t at = value_at(json, key);
-  if (at == std::string_view::npos || json[at] != '"') return std::nullopt;
-  const std::size_t end = json.find('"', at + 1);
-  if (end == std::string_view::npos) return std::nullopt;
-  return std::string(json.substr(at + 1, end - at - 1));
+std::string AssumedTarget::cache_key() const {
+  if (json.empty()) return label;
+  char digest[64];
+  std::snprintf(digest, sizeof digest, "|%zu:%016llx:%016zx", json.size(), static_cast<unsigned long long>(fnv1a(json)),
+                std::hash<std::string_view>{}(json));
+  return label + digest;
+}
+
+ParsedDescriptor parse_descriptor(std::string_view text, std::string_view field, std::string_view name) {
+  using Json = nlohmann::ordered_json;
+  struct TooDeep {};
+  struct Duplicate {
+    std::string key;
+  };
+  std::set<std::string> keys;
+  // Depth as the parser counts it: 0 for the top object's own start, 1 for
+  // its keys and for an array or object inside it.
+  const Json::parser_callback_t check = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) &&
+        depth >= kMaxDescriptorDepth)
+      throw TooDeep{};
+    if (event == Json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second)
+      throw Duplicate{parsed.get<std::string>()};
+    return true;
+  };
+  Json j;
+  try {
+    j = Json::parse(text, check);
+  } catch (const TooDeep&) {
+    throw bad_target(field, name,
+                     "the descriptor nests deeper than " + std::to_string(kMaxDescriptorDepth) +
+                         " levels (cuDNN's is one object holding flat arrays)");
+  } catch (const Duplicate& d) {
+    throw bad_target(
+        field, name,
+        "the descriptor has the key \"" + printable(d.key) + "\" twice (JSON readers disagree on which one counts)");
+  } catch (const Json::exception& e) {
+    throw bad_target(field, name, "the descriptor is not valid JSON: " + std::string(e.what()));
+  }
+  if (!j.is_object()) throw bad_target(field, name, "the descriptor is not a JSON object");
+  ParsedDescriptor d;
+  const auto ver = j.find("deviceVer");
+  if (ver == j.end() || !ver->is_number_integer() || ver->get<std::int64_t>() < 100 || ver->get<std::int64_t>() > 9990)
+    throw bad_target(field, name, "the descriptor has no integer deviceVer (major * 100 + minor * 10, e.g. 900)");
+  d.device_ver = ver->get<int>();
+  if (const auto dn = j.find("deviceName"); dn != j.end()) {
+    if (!dn->is_string()) throw bad_target(field, name, "the descriptor's deviceName is not a string");
+    d.device_name = dn->get<std::string>();
+  }
+  d.json = j.dump();
+  return d;
 }
 
 AssumedTarget parse_assumed_target(std::string_view text, std::string_view field, int default_version) {
-  const std::size_t comma = text.find(',');
-  const std::string_view head = text.substr(0, comma);
-  const std::string name = lower(head);
   AssumedTarget t;
-  t.version_given = comma != std::string_view::npos;
+  // A descriptor path may hold commas: the text names the file where it can,
+  // else a release follows the last comma. A name's release follows its first.
+  const std::size_t last = text.rfind(',');
+  std::string_view device = text;
+  std::optional<std::string_view> release;
+  if (last != std::string_view::npos && is_release(text.substr(last + 1)) && names_a_file(text.substr(0, last)) &&
+      !file_stamp(std::string(text))) {
+    device = text.substr(0, last);
+    release = text.substr(last + 1);
+  } else if (const std::size_t comma = text.find(','); comma != std::string_view::npos && !names_a_file(text)) {
+    device = text.substr(0, comma);
+    release = text.substr(comma + 1);
+  }
+  t.version_given = release.has_value();
   // The release part is parse_rule_target's; only the device part differs.
   const auto rules_for = [&](int sm) {
-    const std::string sm_text = "sm_" + std::to_string(sm) + std::string(text.substr(std::min(comma, text.size())));
+    const std::string sm_text = "sm_" + std::to_string(sm) + (release ? "," + std::string(*release) : "");
     try {
       return parse_rule_target(sm_text, field, default_version);
     } catch (const Error&) {
-      throw Error(ErrorCode::invalid_argument, std::string(field), std::string(text),
-                  "the cuDNN version after the comma is not MAJOR.MINOR[.PATCH]");
+      throw bad_target(field, text, "the cuDNN version after the comma is not MAJOR.MINOR[.PATCH]");
     }
   };
+  const std::string name = lower(device);
   const auto shipped =
       std::find_if(std::begin(kShipped), std::end(kShipped), [&](const DeviceDescriptor& d) { return d.key == name; });
   if (shipped != std::end(kShipped)) {
@@ -178,20 +316,12 @@ AssumedTarget parse_assumed_target(std::string_view text, std::string_view field
     t.json = shipped->json();
     return t;
   }
-  if (head.find('/') != std::string_view::npos || name.ends_with(".json")) {
-    const std::string path(head);
-    std::ifstream in(path);
-    if (!in)
-      throw Error(ErrorCode::invalid_argument, std::string(field), path, "cannot read this device descriptor file");
-    std::ostringstream body;
-    body << in.rdbuf();
-    t.json = body.str();
-    const std::optional<std::int64_t> ver = json_int(t.json, "deviceVer");
-    if (!ver || *ver < 100 || *ver > 9990)
-      throw Error(ErrorCode::invalid_argument, std::string(field), path,
-                  "the descriptor has no integer deviceVer (major * 100 + minor * 10, e.g. 900)");
-    t.rules = rules_for(static_cast<int>(*ver / 10));
-    t.label = json_string(t.json, "deviceName").value_or(path) + " descriptor (" + path + ")";
+  if (names_a_file(device)) {
+    t.path = std::string(device);
+    const ParsedDescriptor d = parse_descriptor(read_descriptor_file(t.path, field, &t.stamp), field, t.path);
+    t.json = d.json;
+    t.rules = rules_for(d.device_ver / 10);
+    t.label = printable(d.device_name.value_or(t.path)) + " descriptor (" + printable(t.path) + ")";
     return t;
   }
   try {
@@ -199,10 +329,9 @@ AssumedTarget parse_assumed_target(std::string_view text, std::string_view field
   } catch (const Error&) {
     std::string names;
     for (const DeviceDescriptor& d : kShipped) names += std::string(names.empty() ? "" : ", ") + std::string(d.key);
-    throw Error(ErrorCode::invalid_argument, std::string(field), std::string(text),
-                "expected a GPU (" + names + "), a descriptor file (path.json) or sm_XY, each optionally ,9.A.B");
+    throw bad_target(field, text,
+                     "expected a GPU (" + names + "), a descriptor file (path.json) or sm_XY, each optionally ,9.A.B");
   }
   return t;
 }
-
 }  // namespace attend::cudnn

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -47,27 +48,57 @@ struct DeviceDescriptor {
 // A100 SXM4 80GB (sm_80), H100 SXM (sm_90), H200 (sm_90), B200 (sm_100).
 std::span<const DeviceDescriptor> shipped_targets();
 
+// A file as stat(2) saw it: a descriptor file edited, replaced or removed
+// after it was read has another stamp (or none).
+struct FileStamp {
+  std::uint64_t dev = 0, ino = 0;
+  std::int64_t size = 0, mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+std::optional<FileStamp> file_stamp(const std::string& path);
+
 // What the cudnn backend assumes where the process has no GPU: the rules'
 // target and, for a named descriptor, what cuDNN is asked about.
 struct AssumedTarget {
   RuleTarget rules;
   bool version_given = false;  // the text named a cuDNN release (else: the headers', or the loaded library's)
   std::string label;           // "H100 SXM", or the file's deviceName; "" for sm_XY alone (rules only)
-  std::string json;            // the descriptor; "" for sm_XY alone
-  std::string cache_key() const { return label + "|" + json; }
+  std::string json;            // the descriptor as cuDNN gets it (compact); "" for sm_XY alone
+  std::string path;            // the descriptor file it was read from; "" for a shipped name
+  FileStamp stamp;             // that file when it was read
+  // The caches' key: the label and a digest of the descriptor, a few dozen
+  // bytes however large the file was.
+  std::string cache_key() const;
   bool deviceless() const { return !json.empty(); }
 };
 
+// A device descriptor file is a JSON object of about 700 bytes: one far
+// larger is refused before it is read, one nested deeper than a few levels
+// while it is parsed, before cuDNN's parser sees it (JSON parsers recurse per
+// level: 3 M nested arrays killed the process with SIGSEGV, and 200 k kill
+// nlohmann-json's DOM).
+inline constexpr std::size_t kMaxDescriptorBytes = 1 << 20;
+inline constexpr int kMaxDescriptorDepth = 16;
+
+// A descriptor's JSON text checked and read: a JSON object, nesting at most
+// kMaxDescriptorDepth, no top-level key twice, an integer top-level deviceVer
+// and, if present, a string deviceName. `json` is the object re-serialized
+// compactly, in its order: what cuDNN is given, so that it reads exactly what
+// was checked. Throws attend::Error naming `field` and `name` (the file).
+struct ParsedDescriptor {
+  std::string json;
+  int device_ver = 0;
+  std::optional<std::string> device_name;
+};
+ParsedDescriptor parse_descriptor(std::string_view text, std::string_view field, std::string_view name);
+
 // Parses ATTEND_CUDNN_TARGET / --target: "sm_90[,9.19.0]" (rules only, as
 // parse_rule_target), a shipped name "h100[,9.19.0]" (case-insensitive), or a
-// path to a descriptor JSON file (anything with a '/' or ending in .json) whose
-// deviceVer gives the compute capability. Throws attend::Error naming `field`
-// and the text (or the file and the missing key).
+// path to a descriptor JSON file (anything with a '/' or ending in .json;
+// a path may hold commas: a release follows the last one) whose deviceVer
+// gives the compute capability. The file must be a regular file of at most
+// kMaxDescriptorBytes. Throws attend::Error naming `field` and the text (or
+// the file and what is wrong with it).
 AssumedTarget parse_assumed_target(std::string_view text, std::string_view field, int default_version);
-
-// The JSON text's integer `key` (cuDNN's flat object), or nullopt.
-std::optional<std::int64_t> json_int(std::string_view json, std::string_view key);
-// The JSON text's string `key` (no escapes inside), or nullopt.
-std::optional<std::string> json_string(std::string_view json, std::string_view key);
 
 }  // namespace attend::cudnn

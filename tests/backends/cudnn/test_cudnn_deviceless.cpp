@@ -1,7 +1,7 @@
 // cuDNN's own verdict without a GPU (cudnn_deviceless.h) for every shipped
 // descriptor: the rule-vs-engine sweep, the seed cases, every graph the
-// backend builds, and the check as the selector shows it. The descriptor
-// tests need nothing; the engine tests need a loadable cuDNN 9.8+ and a
+// backend builds, and the check as the selector shows it (the descriptors
+// themselves: test_cudnn_targets.cpp). These need a loadable cuDNN 9.8+ and a
 // libcuda (the driver or the toolkit's stub) and skip, saying which is
 // missing, otherwise.
 #include <gtest/gtest.h>
@@ -60,89 +60,6 @@ Support rules(const AttentionSpec& s, Pass pass, const AssumedTarget& t) {
   rt.version = cudnn::library().version;
   cudnn::check_rules(s, pass, rt, sup);
   return sup;
-}
-
-// --- the descriptors (no cuDNN) ------------------------------------------------
-
-TEST(CudnnTargets, ShippedDescriptorsHaveCudnnsTwentyThreeKeys) {
-  const char* keys[] = {"deviceName",
-                        "cudaDeviceId",
-                        "deviceVer",
-                        "driverVer",
-                        "multiProcessorCount",
-                        "maxSharedMemoryPerBlock",
-                        "maxSharedMemoryPerBlockOptin",
-                        "reservedSharedMemoryPerBlock",
-                        "regsPerBlock",
-                        "maxRegistersPerSM",
-                        "maxCtasPerSM",
-                        "maxThreadsPerBlock",
-                        "maxThreadsPerSM",
-                        "warpSize",
-                        "maxGridSize",
-                        "maxBlockSize",
-                        "pciDeviceId",
-                        "isTccDriver",
-                        "supportCoopLaunch",
-                        "totalGlobalMem",
-                        "smClockRateKHz",
-                        "memClockRateKHz",
-                        "l2CacheSize"};
-  std::set<int> sms;
-  ASSERT_GE(cudnn::shipped_targets().size(), 4u);
-  for (const cudnn::DeviceDescriptor& d : cudnn::shipped_targets()) {
-    const std::string json = d.json();
-    SCOPED_TRACE(json);
-    for (const char* key : keys) EXPECT_NE(json.find(std::string("\"") + key + "\":"), std::string::npos) << key;
-    EXPECT_EQ(cudnn::json_int(json, "deviceVer"), d.device_ver);
-    EXPECT_EQ(cudnn::json_string(json, "deviceName"), std::string(d.device_name));
-    EXPECT_EQ(cudnn::json_int(json, "totalGlobalMem"), d.total_global_mem);
-    EXPECT_EQ(std::count(json.begin(), json.end(), ':'), 23);
-    sms.insert(d.sm());
-  }
-  EXPECT_EQ(sms, (std::set<int>{80, 90, 100}));
-}
-
-TEST(CudnnTargets, NamesFilesAndComputeCapabilitiesParse) {
-  const AssumedTarget h100 = cudnn::parse_assumed_target("H100", "ATTEND_CUDNN_TARGET", 91900);
-  EXPECT_EQ(h100.rules.sm, 90);
-  EXPECT_EQ(h100.rules.version, 91900);
-  EXPECT_FALSE(h100.version_given);
-  EXPECT_TRUE(h100.deviceless());
-  EXPECT_NE(h100.label.find("H100"), std::string::npos);
-  const AssumedTarget b200 = cudnn::parse_assumed_target("b200,9.12.0", "ATTEND_CUDNN_TARGET", 91900);
-  EXPECT_EQ(b200.rules.sm, 100);
-  EXPECT_EQ(b200.rules.version, 91200);
-  EXPECT_TRUE(b200.version_given);
-  const AssumedTarget sm = cudnn::parse_assumed_target("sm_80", "ATTEND_CUDNN_TARGET", 91900);
-  EXPECT_EQ(sm.rules.sm, 80);
-  EXPECT_FALSE(sm.deviceless());
-
-  const std::string path = ::testing::TempDir() + "/attend_gpu_descriptor.json";
-  std::ofstream(path) << R"({"deviceName": "Some GPU", "deviceVer": 890, "cudaDeviceId": 0})";
-  const AssumedTarget file = cudnn::parse_assumed_target(path, "ATTEND_CUDNN_TARGET", 91900);
-  EXPECT_EQ(file.rules.sm, 89);
-  EXPECT_NE(file.label.find("Some GPU"), std::string::npos);
-  EXPECT_NE(file.json.find("\"deviceVer\": 890"), std::string::npos);
-}
-
-TEST(CudnnTargets, MalformedTargetsNameTheFieldAndTheValue) {
-  const auto message = [](std::string_view text) {
-    try {
-      cudnn::parse_assumed_target(text, "ATTEND_CUDNN_TARGET", 91900);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.field(), "ATTEND_CUDNN_TARGET");
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message("h900").find("h900"), std::string::npos);
-  EXPECT_NE(message("h900").find("h100"), std::string::npos) << "lists the shipped names";
-  EXPECT_NE(message("h100,nine").find("h100,nine"), std::string::npos);
-  EXPECT_NE(message("/nonexistent/gpu.json").find("/nonexistent/gpu.json"), std::string::npos);
-  const std::string path = ::testing::TempDir() + "/attend_bad_descriptor.json";
-  std::ofstream(path) << R"({"deviceName": "No Version"})";
-  EXPECT_NE(message(path).find("deviceVer"), std::string::npos);
 }
 
 // --- cuDNN's verdicts ----------------------------------------------------------
