@@ -256,14 +256,14 @@ int run_run(RunCommand& cmd, const CLI::App& sub) {
     check_save_dir(cmd.save_dir);
     probe_save_dir(cmd.save_dir);
   }
-  DataSources src{read_npy_input(cmd.q_path),
-                  read_npy_input(cmd.k_path),
-                  read_npy_input(cmd.v_path),
-                  read_npy_input(cmd.dout_path),
+  DataSources src{read_npy_input(cmd.q_path, "--q"),
+                  read_npy_input(cmd.k_path, "--k"),
+                  read_npy_input(cmd.v_path, "--v"),
+                  read_npy_input(cmd.dout_path, "--dout"),
                   cmd.data_seed,
                   false,
-                  read_npy_input(cmd.alibi_slopes_path),
-                  read_npy_input(cmd.sinks_path)};
+                  read_npy_input(cmd.alibi_slopes_path, "--alibi-slopes"),
+                  read_npy_input(cmd.sinks_path, "--sinks")};
   check_input_files(cmd);
   check_file_ranks(src);
   sizes_from_files(cmd.problem, src);

@@ -259,9 +259,15 @@ Tensor normal_tensor(DType dtype, const Shape& shape, std::uint64_t seed, std::u
   return t;
 }
 
-NpyInput read_npy_input(const std::string& path) {
+NpyInput read_npy_input(const std::string& path, std::string_view flag) {
   if (path.empty()) return {};
-  return {path, attend::read_npy(path)};
+  try {
+    return {path, attend::read_npy(path)};
+  } catch (const attend::Error& e) {
+    // read_npy calls the file "path" (open, read, not a regular file); the user gave it as a flag.
+    if (e.field() != "path") throw;
+    throw attend::Error(e.code(), std::string(flag), e.value(), e.detail(), e.limit());
+  }
 }
 
 Shape q_shape(const AttentionSpec& s) { return token_shape(s, s.seqlen_q, s.total_q, s.heads_q, s.head_dim_qk); }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "attend/backend.h"
@@ -50,7 +51,7 @@ struct NpyInput {
   std::string path;
   attend::Tensor tensor;
 };
-NpyInput read_npy_input(const std::string& path);
+NpyInput read_npy_input(const std::string& path, std::string_view flag);
 
 struct DataSources {
   NpyInput q, k, v, dout;

@@ -18,7 +18,8 @@
 
 namespace attend {
 
-// Reads the whole file and parses it with parse_npy.
+// Reads the whole file and parses it with parse_npy. Only a regular file is
+// read: a FIFO, a device or a directory is an io error naming the path.
 Tensor read_npy(const std::string& path);
 
 // Parses the bytes of a .npy file. Never reads outside `bytes`; any malformed

@@ -4,6 +4,10 @@
 // attend::Error.
 #include "attend/npy.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -343,6 +347,26 @@ NpyLayout parse_layout(std::span<const std::byte> bytes, std::string_view name) 
   return l;
 }
 
+// Opened without blocking, then refused unless a regular file: a FIFO with no
+// writer would hold a blocking open forever, and a device such as /dev/zero
+// has no end to read to.
+std::unique_ptr<std::FILE, FileCloser> open_regular(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) io_error(path, "open for reading");
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const int stat_errno = errno;
+  std::FILE* f = stat_ok && S_ISREG(st.st_mode) ? ::fdopen(fd, "rb") : nullptr;
+  if (f) return std::unique_ptr<std::FILE, FileCloser>(f);
+  const int err = stat_ok ? errno : stat_errno;
+  ::close(fd);
+  errno = err;
+  if (!stat_ok) io_error(path, "stat");
+  if (!S_ISREG(st.st_mode))
+    throw Error(ErrorCode::io, "path", path, "is not a regular file (.npy input is read from a file)");
+  io_error(path, "open for reading");
+}
+
 // Appends up to `want` bytes of `f` to `bytes`.
 void read_more(std::FILE* f, std::vector<std::byte>& bytes, std::size_t want, const std::string& path) {
   std::array<std::byte, 1 << 16> buf;
@@ -374,12 +398,10 @@ Tensor parse_npy(std::span<const std::byte> bytes, std::string_view name) {
 
 // Reads in stages, each bounded by what the previous one declared: the prefix,
 // the header, then the data the header's shape needs and one byte more (so
-// that trailing data is still named). A file that is no .npy — or one without
-// an end, such as /dev/zero — is refused after its first bytes instead of
-// being read until memory runs out.
+// that trailing data is still named). A file that is no .npy is refused
+// after its first bytes instead of being read whole.
 Tensor read_npy(const std::string& path) {
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (!f) io_error(path, "open for reading");
+  const std::unique_ptr<std::FILE, FileCloser> f = open_regular(path);
   std::vector<std::byte> bytes;
   read_more(f.get(), bytes, kPrefix + 4, path);
   const std::size_t end = header_end(bytes, path);

@@ -1,6 +1,8 @@
 // .npy reader/writer: round trips, NumPy's exact header bytes, and one test per
 // kind of malformed file (each must be an attend::Error, never a crash).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -276,6 +278,27 @@ TEST(Npy, MissingFileIsAnIoErrorNamingThePath) {
     EXPECT_EQ(e.code(), attend::ErrorCode::io);
     EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/x.npy"), std::string::npos);
   }
+}
+
+// /dev/zero was read until its first bytes proved it no .npy; a FIFO with no
+// writer blocked the open forever (the test would hang, CTest's timeout
+// failing it).
+TEST(Npy, OnlyRegularFilesAreRead) {
+  const std::string fifo = temp_path("fifo.npy").string();
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {std::string("/dev/zero"), fifo, std::filesystem::temp_directory_path().string()}) {
+    try {
+      attend::read_npy(path);
+      ADD_FAILURE() << path;
+    } catch (const attend::Error& e) {
+      EXPECT_EQ(e.code(), attend::ErrorCode::io);
+      EXPECT_EQ(e.field(), "path");
+      EXPECT_EQ(e.value(), path);
+      EXPECT_NE(std::string(e.what()).find("is not a regular file"), std::string::npos) << e.what();
+    }
+  }
+  ::unlink(fifo.c_str());
 }
 
 TEST(Npy, Bf16CannotBeWritten) {
