@@ -18,7 +18,7 @@ import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _C
-from .errors import AttendError
+from .errors import AttendError, InvalidArgumentError
 
 
 def set_policy(force: Optional[str] = None, disable: Union[str, Sequence[str]] = (), log: str = "off",
@@ -167,6 +167,24 @@ class Explanation:
         return f"<attend.Explanation selected={self.selected!r} mode={self.mode!r}>"
 
 
+def _target_text(target: Any) -> str:
+    """explain()'s target as the text ATTEND_CUDNN_TARGET takes, else an attend error naming it (os.environ
+    would raise a TypeError for a number and a ValueError for a NUL, naming neither the argument nor attend)."""
+    why = None
+    try:
+        text = os.fsdecode(target)
+    except TypeError:
+        text = None
+        why = f"expected a str or a path, got {type(target).__name__}"
+    if text is not None and ("\0" in text or not text):
+        why = "contains a NUL character" if text else "is empty"
+    if why is None:
+        return text
+    value = repr(target)
+    detail = why + ': a GPU ("a100", "h100", "h200", "b200"), a descriptor file (path.json) or "sm_XY"'
+    raise InvalidArgumentError(f"attend [invalid_argument] target={value}: {detail}", "target", value, "", detail)
+
+
 def explain(mode: str = "training", device: str = "cpu", target: Optional[str] = None, **spec: Any) -> "Explanation":
     """Verdict table for a problem described by attend::AttentionSpec fields, e.g.
     ``attend.explain(batch=2, seqlen_q=1024, seqlen_kv=1024, heads_q=16, heads_kv=16,
@@ -179,6 +197,7 @@ def explain(mode: str = "training", device: str = "cpu", target: Optional[str] =
     if target is None:
         table, js = _C.evaluate(spec, mode, device)
         return Explanation(table, js)
+    target = _target_text(target)
     before = os.environ.get("ATTEND_CUDNN_TARGET")
     os.environ["ATTEND_CUDNN_TARGET"] = target
     try:

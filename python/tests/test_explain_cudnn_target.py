@@ -68,6 +68,14 @@ def refusal(target, **extra):
     return refused.value
 
 
+def test_a_target_that_is_no_text_is_an_attend_error_naming_target(target_env):
+    # Were: TypeError from os.environ (a number), ValueError (a NUL), and "" silently meant sm_90.
+    for bad in (100, "h100\0", "", ["h100"]):
+        e = refusal(bad)
+        assert isinstance(e, attend.errors.InvalidArgumentError) and "target=" in str(e), e
+    assert os.environ["ATTEND_CUDNN_TARGET"] == "sm_90"
+
+
 def test_a_descriptor_nested_3m_levels_deep_is_refused_not_a_crash(target_env, tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text('{"deviceVer":900,"x":' + "[" * 3_000_000 + "]" * 3_000_000 + "}")
