@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -78,6 +79,18 @@ class Support {
   // dtype computed at f32 speed, or an upcasting baseline): shown with the
   // verdict, never a reason to decline. Detail::full only.
   std::vector<std::string> notes;
+  // A pass judged for another device than this process has: the cudnn
+  // backend's target where there is no GPU (`attend select --target h100`).
+  // The pass still cannot run here (ok() is false, a [device] reason says
+  // why); this is the answer for that device, which the verdict table shows
+  // in the pass's column. Detail::full only.
+  struct Elsewhere {
+    std::string device;      // what was judged: "H100 SXM descriptor", "sm_90"
+    bool ok = false;         // the pass would run there
+    std::string decided_by;  // the layer with the last word: "cuDNN's rules for sm_90 and cuDNN 9.19.0"
+    std::string verdict;     // that layer's words: the refusal, or what accepted
+  };
+  std::optional<Elsewhere> elsewhere;
 
   bool ok() const { return failed_ == 0; }
   explicit operator bool() const { return ok(); }

@@ -34,18 +34,25 @@ def test_explain_on_cuda_answers_for_the_named_gpu(target_env):
     e = attend.explain(device="cuda", target="b200", mode="training", **MLA)
     text = str(e)
     assert "tensors on cuda:0" in text
-    assert "cuDNN's rules for sm_100" in text and "(B200 descriptor)" in text
+    assert "target:  cudnn's forward/backward columns are verdicts for B200 descriptor, not for cuda:0" in text
     # 64/512 never trains on cuDNN: the backward's rule reason, whatever the engine.
+    assert "backward for B200 descriptor: NO, by cuDNN's rules for sm_100" in text
     assert "head_dim_v=512 (head dims 64/512) exceeds cuDNN's backward limit" in text
+    (cudnn,) = cudnn_rows(e)
+    assert cudnn["backward"]["target"]["supported"] is False
+    assert cudnn["backward"]["target"]["decided_by"].startswith("cuDNN's rules for sm_100")
+    assert cudnn["forward"]["supported"] is False, "nothing runs here: the verdict here stays no"
     e = attend.explain(device="cuda", target="a100", mode="training", **MLA)
-    assert "cuDNN's rules for sm_80" in str(e) and "(A100 SXM4 80GB descriptor)" in str(e)
+    assert "backward for A100 SXM4 80GB descriptor: NO, by cuDNN's rules for sm_80" in str(e)
 
 
 def test_a_named_gpu_gets_cudnns_own_verdict_or_the_reason_it_could_not_be_asked(target_env):
     # 192/128 trains on B200 by the rules: cuDNN is asked about both passes.
     e = attend.explain(device="cuda", target="b200", mode="training", **dict(MLA, head_dim_qk=192, head_dim_v=128))
+    (cudnn,) = cudnn_rows(e)
     for p in ("forward", "backward"):
-        asked = f"for B200 descriptor, deviceless: accepted the {p} graph" in str(e)
+        asked = f"{p} for B200 descriptor: ok, by cuDNN 9." in str(e) and \
+            cudnn[p]["target"]["verdict"].startswith(f"accepted the {p} graph")
         unavailable = "deviceless: cuDNN's deviceless check needs a loadable libcuda" in str(e) or \
             "cuDNN is not loaded" in str(e)
         assert asked or unavailable, str(e)
@@ -114,8 +121,9 @@ def test_only_a_regular_file_is_read_as_a_descriptor(target_env, tmp_path):
 def test_the_rules_read_the_descriptors_top_level_keys(target_env, tmp_path):
     p = tmp_path / "nested.json"
     p.write_text('{"meta": {"deviceVer": 800}, "deviceName": "Quoted \\"GPU\\"", "deviceVer": 900}')
-    text = str(attend.explain(device="cuda", target=str(p), mode="inference", **MLA))
-    assert "cuDNN's rules for sm_90" in text and 'Quoted "GPU" descriptor' in text, text
+    # 64/512 trains nowhere: the backward's refusal names the rules of the descriptor's deviceVer.
+    text = str(attend.explain(device="cuda", target=str(p), mode="training", **MLA))
+    assert "NO, by cuDNN's rules for sm_90" in text and 'Quoted "GPU" descriptor' in text, text
     twice = tmp_path / "twice.json"
     twice.write_text('{"deviceVer": 800, "deviceVer": 900}')
     assert '"deviceVer" twice' in str(refusal(str(twice)))

@@ -12,9 +12,17 @@ namespace {
 
 using detail::json_escape;
 
+// A pass judged for another device (Support::elsewhere) shows that verdict:
+// the line above the table says for which device.
 std::string pass_cell(const std::optional<Support>& s) {
   if (!s) return "n/a";
+  if (s->elsewhere) return s->elsewhere->ok ? "ok" : "NO";
   return s->ok() ? "ok" : "NO";
+}
+
+const Support::Elsewhere* elsewhere(const Verdict& v) {
+  if (v.forward.elsewhere) return &*v.forward.elsewhere;
+  return v.backward && v.backward->elsewhere ? &*v.backward->elsewhere : nullptr;
 }
 
 std::string verdict_cell(const Verdict& v, const Verdict* winner) {
@@ -29,6 +37,11 @@ std::string verdict_cell(const Verdict& v, const Verdict* winner) {
   }
   if (v.viable && !v.deferred.empty()) return "viable (defers: a speed preference)";
   if (v.viable) return "viable (lower priority)";
+  if (elsewhere(v)) {
+    const bool runs = (!v.forward.elsewhere || v.forward.elsewhere->ok) &&
+                      (!v.backward || !v.backward->elsewhere || v.backward->elsewhere->ok);
+    return std::string("rejected here; ") + (runs ? "would run" : "would not run") + " on the target";
+  }
   return "rejected";
 }
 
@@ -45,6 +58,9 @@ std::string time_cell(const Verdict& v) {
 bool same_details(const Verdict& a, const Verdict& b) {
   const auto same = [](const Support& x, const Support& y) {
     if (x.reasons.size() != y.reasons.size() || x.notes != y.notes) return false;
+    if (x.elsewhere.has_value() != y.elsewhere.has_value() ||
+        (x.elsewhere && (x.elsewhere->ok != y.elsewhere->ok || x.elsewhere->verdict != y.elsewhere->verdict)))
+      return false;
     for (std::size_t i = 0; i < x.reasons.size(); ++i) {
       if (x.reasons[i].code != y.reasons[i].code || x.reasons[i].message != y.reasons[i].message) return false;
     }
@@ -73,7 +89,11 @@ std::string support_json(const Support& s) {
   }
   out += "], \"notes\": [";
   for (std::size_t i = 0; i < s.notes.size(); ++i) out += (i ? ", \"" : "\"") + json_escape(s.notes[i]) + "\"";
-  return out + "]}";
+  out += "], \"target\": ";
+  if (!s.elsewhere) return out + "null}";
+  const Support::Elsewhere& e = *s.elsewhere;
+  return out + "{\"device\": \"" + json_escape(e.device) + "\", \"supported\": " + (e.ok ? "true" : "false") +
+         ", \"decided_by\": \"" + json_escape(e.decided_by) + "\", \"verdict\": \"" + json_escape(e.verdict) + "\"}}";
 }
 
 }  // namespace
@@ -96,6 +116,15 @@ std::string Selection::explain() const {
     timed = timed || v.seconds.has_value();
   }
   if (strategy == Strategy::autotune) out += "strategy: autotune (" + tuning + ")\n";
+  // A backend answering for another device than the tensors': its pass
+  // columns are that device's verdicts, and this process runs none of them.
+  for (const auto& v : verdicts) {
+    if (const Support::Elsewhere* e = elsewhere(v)) {
+      out += "target:  " + v.backend + "'s forward/backward columns are verdicts for " + e->device + ", not for " +
+             to_string(device) + ", which this process does not have" + (backend ? "" : ": nothing runs here") + "\n";
+      break;
+    }
+  }
   out += pad("backend", name_w) + pad("variant", var_w) + pad("priority", 10) + pad("forward", 9) +
          pad("backward", 10) + (timed ? pad("time", 12) : "") + "verdict / reasons\n";
   out += std::string(name_w + var_w + 29 + 17 + (timed ? 12 : 0), '-') + "\n";
@@ -119,9 +148,22 @@ std::string Selection::explain() const {
     // Reasons of a declined pass; notes only of a supported one (how it will run).
     bool printed_notes = false;
     const auto details = [&](const char* pass, const Support& s) {
-      for (const Reason& r : s.reasons) {
+      const auto reason = [&](const Reason& r) {
         out +=
             std::string(name_w, ' ') + "- " + pass + ": " + r.message + " [" + std::string(to_string(r.code)) + "]\n";
+      };
+      if (const auto& e = s.elsewhere) {
+        // The verdict for the target first, naming the layer that decided; a
+        // refusal's own words (the reasons besides [device]) right below it,
+        // then why nothing runs here.
+        out += std::string(name_w, ' ') + "- " + pass + " for " + e->device + ": " + (e->ok ? "ok" : "NO") + ", by " +
+               e->decided_by + (e->ok ? ": " + e->verdict : "") + "\n";
+        for (const Reason& r : s.reasons)
+          if (r.code != ReasonCode::device) reason(r);
+        for (const Reason& r : s.reasons)
+          if (r.code == ReasonCode::device) reason(r);
+      } else {
+        for (const Reason& r : s.reasons) reason(r);
       }
       if (!s.ok()) return;
       // Notes say how a pass will run: once per backend (its first variant this

@@ -116,36 +116,69 @@ class CudnnBackend final : public Backend {
   // No such device: declined for that ([device]), with what cuDNN would say
   // for the assumed target. The rules run always; cuDNN's own check runs for a
   // named descriptor, and only where the reasons are shown (Detail::full: the
-  // verdict is no either way, and a graph costs ~0.1 s).
+  // verdict here is no either way, and a graph costs ~0.1 s). A target named
+  // by the user gets its own verdict (Support::elsewhere): the table's column
+  // answers "would this run on that GPU", the [device] reason says why not here.
   static void deviceless(const AttentionSpec& s, Pass pass, const cudnn::AssumedTarget& assumed,
                          const cudnn::RuleTarget& rt, int count, const std::string& why, const Target& target,
                          Support& sup) {
     const cudnn::Library& lib = cudnn::library();
     Support rules(sup.detail());
     cudnn::check_rules(s, pass, rt, rules);
-    const bool ask = assumed.deviceless() && sup.detail() == Support::Detail::full && rules.ok() && lib.ok();
     const bool same_release = lib.ok() && rt.version == lib.version;
-    std::string engine;  // the deviceless verdict: "" accepted
-    if (ask && same_release) engine = cudnn::deviceless_check(s, pass, assumed, lib.version);
-    sup.require(false, ReasonCode::device, [&] {
-      std::string m = "device=" + to_string(target.device) + ": this process has " + std::to_string(count) +
-                      " CUDA device(s)" + (why.empty() ? "" : " (" + why + ")") +
-                      "; the other reasons are cuDNN's rules for sm_" + std::to_string(rt.sm) + " and cuDNN " +
-                      cudnn::version_string(rt.version);
-      if (!assumed.deviceless())
-        return m + " (ATTEND_CUDNN_TARGET or --target: sm_XY[,9.A.B], or a GPU such as h100 for cuDNN's own verdict)";
-      m += " (" + assumed.label + ")";
-      if (ask && same_release && engine.empty())
-        m += "; " + cudnn::deviceless_label(assumed, lib.version) + ": accepted the " + std::string(to_string(pass)) +
-             " graph (check_support passed for the descriptor; no plan was built or run)";
-      if (ask && !same_release)
-        m += "; cuDNN's own check skipped: the target names cuDNN " + cudnn::version_string(rt.version) +
-             ", the loaded library is " + cudnn::version_string(lib.version);
-      return m;
-    });
+    const bool full = sup.detail() == Support::Detail::full;
+    // Why cuDNN's own check cannot be asked ("" where it can).
+    std::string unasked;
+    if (!assumed.deviceless())
+      unasked = "the target names no GPU (h100, or a descriptor file, would add it)";
+    else if (!lib.ok())
+      unasked = "cuDNN is not loaded";
+    else if (!same_release)
+      unasked = "the target names cuDNN " + cudnn::version_string(rt.version) + ", the loaded library is " +
+                cudnn::version_string(lib.version);
+    else if (full && !cudnn::deviceless_libcuda_error().empty())
+      unasked = "no libcuda to load";
+    const bool ask = full && rules.ok() && unasked.empty();
+    const std::string engine = ask ? cudnn::deviceless_check(s, pass, assumed, lib.version) : "";  // "" accepted
+    const std::string here = "device=" + to_string(target.device) + ": this process has " + std::to_string(count) +
+                             " CUDA device(s)" + (why.empty() ? "" : " (" + why + ")");
+    if (!assumed.given) {
+      sup.require(false, ReasonCode::device, [&] {
+        return here + "; the other reasons are cuDNN's rules for sm_" + std::to_string(rt.sm) + " and cuDNN " +
+               cudnn::version_string(rt.version) +
+               " (ATTEND_CUDNN_TARGET or --target: sm_XY[,9.A.B], or a GPU such as h100 for cuDNN's own verdict)";
+      });
+    } else {
+      sup.require(false, ReasonCode::device, [&] { return here + ": nothing runs here"; });
+      if (full) {
+        Support::Elsewhere& e = sup.elsewhere.emplace();
+        e.device = assumed.deviceless() ? assumed.label : "sm_" + std::to_string(rt.sm);
+        e.ok = rules.ok() && engine.empty();
+        const std::string by_rules =
+            "cuDNN's rules for sm_" + std::to_string(rt.sm) + " and cuDNN " + cudnn::version_string(rt.version);
+        if (!rules.ok()) {
+          e.decided_by = by_rules;
+          e.verdict = rules.to_string();
+        } else if (ask) {
+          e.decided_by = cudnn::deviceless_label(assumed, lib.version);
+          e.verdict = !engine.empty() ? engine
+                                      : "accepted the " + std::string(to_string(pass)) +
+                                            " graph (check_support passed for the descriptor; no plan was built "
+                                            "or run)";
+        } else {
+          e.decided_by = by_rules;
+          e.verdict = "the rules accept; cuDNN's own check not asked: " + unasked;
+        }
+      }
+    }
     sup.require(lib.ok(), ReasonCode::library, [&] { return "cuDNN is not loaded: " + lib.error; });
     merge(sup, rules);
     sup.require(engine.empty(), ReasonCode::library, [&] { return engine; });
+    if (full && rules.ok() && assumed.deviceless() && same_release && !cudnn::deviceless_libcuda_error().empty()) {
+      sup.require(false, ReasonCode::library, [&] {
+        return cudnn::deviceless_label(assumed, lib.version) + ": " + cudnn::deviceless_libcuda_error();
+      });
+    }
   }
 
  protected:

@@ -284,6 +284,7 @@ ParsedDescriptor parse_descriptor(std::string_view text, std::string_view field,
 
 AssumedTarget parse_assumed_target(std::string_view text, std::string_view field, int default_version) {
   AssumedTarget t;
+  t.given = true;
   // A descriptor path may hold commas: the text names the file where it can,
   // else a release follows the last comma. A name's release follows its first.
   const std::size_t last = text.rfind(',');

@@ -61,6 +61,7 @@ std::optional<FileStamp> file_stamp(const std::string& path);
 // target and, for a named descriptor, what cuDNN is asked about.
 struct AssumedTarget {
   RuleTarget rules;
+  bool given = false;          // named by the user (else the default: sm_90 and the headers' release)
   bool version_given = false;  // the text named a cuDNN release (else: the headers', or the loaded library's)
   std::string label;           // "H100 SXM", or the file's deviceName; "" for sm_XY alone (rules only)
   std::string json;            // the descriptor as cuDNN gets it (compact); "" for sm_XY alone

@@ -229,8 +229,9 @@ TEST(CudnnDeviceless, EveryGraphTheRulesAcceptPassesCudnnsCheck) {
 }
 
 // The check as `attend select --device cuda --target ...` shows it: without
-// a GPU the passes are declined for the device, and each carries cuDNN's
-// deviceless verdict for the target, naming the layer and the descriptor.
+// a GPU the passes are declined for the device ([device]), and each carries
+// its verdict for the target (Support::elsewhere): ok or not, the layer that
+// decided, naming the descriptor.
 TEST(CudnnDeviceless, TheCheckCarriesCudnnsVerdictNamingLayerAndTarget) {
   SKIP_WITHOUT_ENGINE();
   if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present: the check asks it instead";
@@ -240,20 +241,63 @@ TEST(CudnnDeviceless, TheCheckCarriesCudnnsVerdictNamingLayerAndTarget) {
   set_cudnn_target("b200", "--target");
   const Support bwd = backend->check(s, Pass::backward, Target{Device::cuda(0)});
   EXPECT_TRUE(bwd.failed(ReasonCode::device)) << bwd.to_string();
-  EXPECT_NE(bwd.to_string().find("deviceless: accepted the backward graph"), std::string::npos) << bwd.to_string();
-  EXPECT_NE(bwd.to_string().find("B200 descriptor"), std::string::npos) << bwd.to_string();
+  ASSERT_TRUE(bwd.elsewhere) << bwd.to_string();
+  EXPECT_TRUE(bwd.elsewhere->ok);
+  EXPECT_EQ(bwd.elsewhere->device, "B200 descriptor");
+  EXPECT_NE(bwd.elsewhere->decided_by.find("for B200 descriptor, deviceless"), std::string::npos);
+  EXPECT_NE(bwd.elsewhere->verdict.find("accepted the backward graph"), std::string::npos);
   // 64/512: the rules now serve the forward (cuDNN's verdict), not the backward.
   AttentionSpec mla = testing::cudnn_spec(64, 512, 1024, 16);
   set_cudnn_target("h100", "--target");
   const Support fwd = backend->check(mla, Pass::forward, Target{Device::cuda(0)});
-  EXPECT_NE(fwd.to_string().find("H100 SXM descriptor, deviceless: accepted the forward graph"), std::string::npos)
-      << fwd.to_string();
+  ASSERT_TRUE(fwd.elsewhere) << fwd.to_string();
+  EXPECT_TRUE(fwd.elsewhere->ok);
+  EXPECT_NE(fwd.elsewhere->decided_by.find("H100 SXM descriptor, deviceless"), std::string::npos);
+  // A refusal names the rule that refused it, as the layer and as the reason.
   const Support mla_bwd = backend->check(mla, Pass::backward, Target{Device::cuda(0)});
   EXPECT_TRUE(mla_bwd.failed(ReasonCode::head_dim_v)) << mla_bwd.to_string();
+  ASSERT_TRUE(mla_bwd.elsewhere);
+  EXPECT_FALSE(mla_bwd.elsewhere->ok);
+  EXPECT_NE(mla_bwd.elsewhere->decided_by.find("cuDNN's rules for sm_90"), std::string::npos);
+  EXPECT_NE(mla_bwd.elsewhere->verdict.find("head_dim_v=512"), std::string::npos) << mla_bwd.elsewhere->verdict;
   // A release other than the loaded one: the rules for it, cuDNN's check skipped (it can only answer for itself).
   set_cudnn_target("h100,9.12.0", "--target");
   const Support old = backend->check(s, Pass::forward, Target{Device::cuda(0)});
-  EXPECT_NE(old.to_string().find("cuDNN's own check skipped"), std::string::npos) << old.to_string();
+  ASSERT_TRUE(old.elsewhere);
+  EXPECT_NE(old.elsewhere->verdict.find("cuDNN's own check not asked: the target names cuDNN 9.12.0"),
+            std::string::npos)
+      << old.elsewhere->verdict;
+  EXPECT_NE(old.elsewhere->decided_by.find("cuDNN's rules for sm_90 and cuDNN 9.12.0"), std::string::npos);
+  set_cudnn_target("sm_90");
+}
+
+// The table answers "would this run on that GPU": the pass columns are the
+// target's verdicts, a line above says so, and each verdict names its layer.
+TEST(CudnnDeviceless, TheTableAnswersForTheTarget) {
+  SKIP_WITHOUT_ENGINE();
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present: the check asks it instead";
+  set_cudnn_target("a100", "--target");
+  const AttentionSpec s = testing::cudnn_spec(192, 128, 512, 8);
+  const std::string table = evaluate(s, Mode::training, Policy{}, Device::cuda(0)).explain();
+  SCOPED_TRACE(table);
+  EXPECT_NE(
+      table.find("\ntarget:  cudnn's forward/backward columns are verdicts for A100 SXM4 80GB descriptor, not for "
+                 "cuda:0, which this process does not have: nothing runs here\n"),
+      std::string::npos);
+  EXPECT_NE(table.find("\ncudnn      default     250       ok       NO        rejected here; would not run on the "
+                       "target\n"),
+            std::string::npos);
+  EXPECT_NE(table.find("- forward for A100 SXM4 80GB descriptor: ok, by cuDNN "), std::string::npos);
+  EXPECT_NE(table.find("- backward for A100 SXM4 80GB descriptor: NO, by cuDNN's rules for sm_80 and cuDNN "
+                       "9."),
+            std::string::npos);
+  EXPECT_NE(table.find("- backward: head_dim_qk=192 (head dims 192/128) exceeds cuDNN's backward limit 128"),
+            std::string::npos);
+  const std::string json = evaluate(s, Mode::training, Policy{}, Device::cuda(0)).to_json();
+  EXPECT_NE(json.find("\"target\": {\"device\": \"A100 SXM4 80GB descriptor\", \"supported\": false, "
+                      "\"decided_by\": \"cuDNN's rules for sm_80"),
+            std::string::npos)
+      << json;
   set_cudnn_target("sm_90");
 }
 
