@@ -127,3 +127,11 @@ def test_the_rules_read_the_descriptors_top_level_keys(target_env, tmp_path):
     twice = tmp_path / "twice.json"
     twice.write_text('{"deviceVer": 800, "deviceVer": 900}')
     assert '"deviceVer" twice' in str(refusal(str(twice)))
+
+
+def test_an_edited_descriptor_file_is_read_again(target_env, tmp_path):
+    p = tmp_path / "gpu.json"
+    p.write_text('{"deviceName": "Edited", "deviceVer": 800}')
+    assert "NO, by cuDNN's rules for sm_80" in str(attend.explain(device="cuda", target=p, mode="training", **MLA))
+    p.write_text('{"deviceName": "Edited", "deviceVer": 1000}')
+    assert "NO, by cuDNN's rules for sm_100" in str(attend.explain(device="cuda", target=p, mode="training", **MLA))

@@ -29,13 +29,13 @@ constexpr int kHeaderVersion = CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + CUDNN_P
 // The target the check assumes where the process has no such device:
 // set_cudnn_target's, else $ATTEND_CUDNN_TARGET's, else sm_90 (H100/H200, the
 // GPUs this project is lent) with the cuDNN release whose headers the build
-// used, rules only. The variable is read at each check and parsed again only
-// when it changed: `attend select --target` and Python's explain(target=...)
-// set it in the running process.
+// used, rules only. The variable is read at each check and parsed again when
+// it changed (`attend select --target` and Python's explain(target=...) set
+// it in the running process) or when the descriptor file it names did.
 struct TargetSlot {
   std::mutex mutex;
   bool set_explicitly = false;
-  std::string env;  // the text `parsed` came from
+  std::string text, field;  // what `parsed` came from
   std::shared_ptr<const cudnn::AssumedTarget> parsed;
 };
 TargetSlot& target_slot() {
@@ -43,18 +43,25 @@ TargetSlot& target_slot() {
   return slot;
 }
 
+std::shared_ptr<const cudnn::AssumedTarget> parse_target(const std::string& text, std::string_view field) {
+  cudnn::AssumedTarget t;
+  t.rules = {90, kHeaderVersion};
+  if (!text.empty()) t = cudnn::parse_assumed_target(text, field, kHeaderVersion);
+  return std::make_shared<const cudnn::AssumedTarget>(std::move(t));
+}
+
 std::shared_ptr<const cudnn::AssumedTarget> assumed_target() {
   TargetSlot& slot = target_slot();
   const std::lock_guard<std::mutex> lock(slot.mutex);
-  if (slot.set_explicitly) return slot.parsed;
-  const char* env = std::getenv("ATTEND_CUDNN_TARGET");
-  const std::string text = env ? env : "";
-  if (!slot.parsed || text != slot.env) {
-    cudnn::AssumedTarget t;
-    t.rules = {90, kHeaderVersion};
-    if (!text.empty()) t = cudnn::parse_assumed_target(text, "ATTEND_CUDNN_TARGET", kHeaderVersion);
-    slot.parsed = std::make_shared<const cudnn::AssumedTarget>(std::move(t));
-    slot.env = text;
+  if (!slot.set_explicitly) {
+    const char* env = std::getenv("ATTEND_CUDNN_TARGET");
+    const std::string text = env ? env : "";
+    if (slot.parsed && text == slot.text && !slot.parsed->stale()) return slot.parsed;
+    slot.parsed = parse_target(text, "ATTEND_CUDNN_TARGET");
+    slot.text = text;
+    slot.field = "ATTEND_CUDNN_TARGET";
+  } else if (slot.parsed->stale()) {
+    slot.parsed = parse_target(slot.text, slot.field);
   }
   return slot.parsed;
 }
@@ -207,6 +214,8 @@ void set_cudnn_target(std::string_view text, std::string_view field) {
   TargetSlot& slot = target_slot();
   const std::lock_guard<std::mutex> lock(slot.mutex);
   slot.parsed = std::move(parsed);
+  slot.text = text;
+  slot.field = field;
   slot.set_explicitly = true;
 }
 

@@ -71,6 +71,8 @@ struct AssumedTarget {
   // bytes however large the file was.
   std::string cache_key() const;
   bool deviceless() const { return !json.empty(); }
+  // The file was edited, replaced or removed since it was read: parse again.
+  bool stale() const { return !path.empty() && file_stamp(path) != stamp; }
 };
 
 // A device descriptor file is a JSON object of about 700 bytes: one far

@@ -234,5 +234,31 @@ TEST(CudnnTargets, OnlyRegularFilesAreRead) {
   ::unlink(fifo.c_str());
 }
 
+// A descriptor file edited on disk is read again at the next check, not only
+// when the target's text changes.
+TEST(CudnnTargets, AnEditedDescriptorFileIsReadAgain) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present: the check asks it instead";
+  const auto backend = make_cudnn_backend();
+  const AttentionSpec s = testing::cudnn_spec(128, 128, 256, 8);
+  const std::string path = temp_file("attend_edited.json", R"({"deviceName": "Before", "deviceVer": 800})");
+  set_cudnn_target(path, "--target");
+  const auto judged = [&] {
+    const Support sup = backend->check(s, Pass::forward, Target{Device::cuda(0)});
+    return sup.elsewhere ? sup.elsewhere->device + " | " + sup.elsewhere->decided_by : "no target verdict";
+  };
+  EXPECT_NE(judged().find("Before descriptor"), std::string::npos) << judged();
+  temp_file("attend_edited.json", R"({"deviceName": "After", "deviceVer": 1000})");
+  EXPECT_NE(judged().find("After descriptor"), std::string::npos) << judged();
+  ::unlink(path.c_str());
+  try {
+    judged();
+    ADD_FAILURE() << "a removed descriptor file still answered";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.field(), "--target");
+    EXPECT_EQ(e.value(), path);
+  }
+  set_cudnn_target("sm_90");
+}
+
 }  // namespace
 }  // namespace attend
