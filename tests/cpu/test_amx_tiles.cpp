@@ -152,38 +152,49 @@ TEST_F(AmxTiles, DenormalInputsAndResultsAreSignedZeros) {
   EXPECT_EQ(bits(t.c[1][1]), 0x80000000u) << t.c[1][1];
 }
 
-// Random tiles over the whole exponent range (denormals, overflow to inf, NaN
-// from inf - inf included): the vector emulation equals the scalar model bit for bit.
+// Random tiles: in "wild" rounds any bit pattern (denormals, overflow to inf,
+// NaN from inf - inf), otherwise values of |x| in about [2^-31, 2^32] and
+// either sign, whose sums cancel; C normal, or any bits when wild.
+DotTiles random_tiles(std::mt19937& rng, bool wild) {
+  std::uniform_int_distribution<int> any16(0, 0xffff);
+  std::uniform_int_distribution<int> mid(0x3000, 0x4fff);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto draw = [&] {
+    if (wild) return static_cast<std::uint16_t>(any16(rng));
+    const auto h = static_cast<std::uint16_t>(mid(rng));
+    return static_cast<std::uint16_t>(rng() & 1 ? h | 0x8000 : h);
+  };
+  DotTiles t;
+  for (auto& row : t.a)
+    for (auto& x : row) x = draw();
+  for (auto& row : t.b)
+    for (auto& x : row) x = pair(draw(), draw());
+  for (auto& row : t.c)
+    for (auto& x : row) x = wild ? std::bit_cast<float>(static_cast<std::uint32_t>(rng())) : normal(rng);
+  return t;
+}
+
+// Every C element bit for bit (a NaN's payload aside: any NaN matches any NaN).
+void expect_same_c(const DotTiles& got, const DotTiles& want, int round, const char* want_name) {
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 16; ++n) {
+      const bool both_nan = std::isnan(got.c[m][n]) && std::isnan(want.c[m][n]);
+      ASSERT_TRUE(both_nan || bits(got.c[m][n]) == bits(want.c[m][n]))
+          << "round " << round << " C[" << m << "][" << n << "] = " << got.c[m][n] << ", " << want_name << " "
+          << want.c[m][n];
+    }
+  }
+}
+
+// The vector emulation equals the scalar model bit for bit.
 TEST_F(AmxTiles, EmulationEqualsTheScalarModelOnRandomTiles) {
   std::mt19937 rng(7);
-  std::uniform_int_distribution<int> any16(0, 0xffff);
-  std::uniform_int_distribution<int> mid(0x3000, 0x4fff);  // |x| in about [2^-31, 2^32]
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int round = 0; round < 300; ++round) {
-    // A third of the rounds: any bit pattern; the rest: values whose sums cancel.
-    const bool wild = round % 3 == 0;
-    auto draw = [&] {
-      if (wild) return static_cast<std::uint16_t>(any16(rng));
-      const auto h = static_cast<std::uint16_t>(mid(rng));
-      return static_cast<std::uint16_t>(rng() & 1 ? h | 0x8000 : h);
-    };
-    DotTiles t;
-    for (auto& row : t.a)
-      for (auto& x : row) x = draw();
-    for (auto& row : t.b)
-      for (auto& x : row) x = pair(draw(), draw());
-    for (auto& row : t.c)
-      for (auto& x : row) x = wild ? std::bit_cast<float>(static_cast<std::uint32_t>(rng())) : normal(rng);
+    DotTiles t = random_tiles(rng, round % 3 == 0);
     DotTiles expect = t;
     dot_model(expect);
     dot_emulated(t);
-    for (int m = 0; m < 16; ++m) {
-      for (int n = 0; n < 16; ++n) {
-        const bool both_nan = std::isnan(t.c[m][n]) && std::isnan(expect.c[m][n]);
-        ASSERT_TRUE(both_nan || bits(t.c[m][n]) == bits(expect.c[m][n]))
-            << "round " << round << " C[" << m << "][" << n << "] = " << t.c[m][n] << ", model " << expect.c[m][n];
-      }
-    }
+    expect_same_c(t, expect, round, "model");
   }
 }
 
@@ -199,36 +210,16 @@ TEST_F(AmxTiles, LoadsHonourTheStrideAndZeroClearsATile) {
   for (char z : zeros) ASSERT_EQ(z, 0);
 }
 
-// Where the CPU has AMX: the hardware and the emulation agree on every bit
-// (a NaN's payload aside: any NaN matches any NaN).
+// Where the CPU has AMX: the hardware and the emulation agree on every bit.
 TEST(AmxTilesNative, EmulationIsBitIdenticalToTheHardware) {
   if (!attend::cpu::supports(Isa::avx512amx)) GTEST_SKIP() << "this CPU or OS does not allow AMX-BF16 tiles";
   std::mt19937 rng(11);
-  std::uniform_int_distribution<int> any16(0, 0xffff);
-  std::uniform_int_distribution<int> mid(0x3000, 0x4fff);
   for (int round = 0; round < 2000; ++round) {
-    const bool wild = round % 4 == 0;
-    auto draw = [&] {
-      const auto h = static_cast<std::uint16_t>(wild ? any16(rng) : mid(rng));
-      return static_cast<std::uint16_t>(!wild && (rng() & 1) ? h | 0x8000 : h);
-    };
-    DotTiles t;
-    for (auto& row : t.a)
-      for (auto& x : row) x = draw();
-    for (auto& row : t.b)
-      for (auto& x : row) x = pair(draw(), draw());
-    for (auto& row : t.c)
-      for (auto& x : row) x = std::ldexp(static_cast<float>(any16(rng)) - 32768.0f, -static_cast<int>(rng() % 40));
+    DotTiles t = random_tiles(rng, round % 4 == 0);
     DotTiles native = t;
     dot_native(native);
     dot_emulated(t);
-    for (int m = 0; m < 16; ++m) {
-      for (int n = 0; n < 16; ++n) {
-        const bool both_nan = std::isnan(t.c[m][n]) && std::isnan(native.c[m][n]);
-        ASSERT_TRUE(both_nan || bits(t.c[m][n]) == bits(native.c[m][n]))
-            << "round " << round << " C[" << m << "][" << n << "] = " << t.c[m][n] << ", hardware " << native.c[m][n];
-      }
-    }
+    expect_same_c(t, native, round, "hardware");
   }
 }
 
