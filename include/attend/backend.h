@@ -137,7 +137,8 @@ struct Variant {
   // 3 avx512bf16, 4 avx512amx), which the ATTEND_ISA policy caps; -1: not an ISA family.
   int isa_level = -1;
   // Never picked on its own (an emulation, a debugging aid): it runs only where
-  // the ATTEND_ISA policy names it, and is then its backend's only variant.
+  // the ATTEND_ISA policy names it (it is then its backend's only variant),
+  // where a force names it (name:variant), or as an explicit Target::variant.
   bool on_request = false;
 };
 

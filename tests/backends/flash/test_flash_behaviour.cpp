@@ -221,5 +221,48 @@ TEST_F(FlashSelection, MlaTrainingRunsOnFlashEndToEnd) {
   EXPECT_LT(testing::max_abs_diff(g.dv, ref.dv), 1e-4);
 }
 
+// The AMX family on emulated tiles is never chosen on its own; ATTEND_ISA (here
+// Policy::isa) naming it makes it flash's only variant, and forcing it by name
+// runs it too. Where the CPU lacks AVX512-BF16 naming it is an error.
+TEST_F(FlashSelection, EmulatedAmxFamilyRunsOnlyWhenAskedFor) {
+  AttentionSpec s = spec(64, 64, 64);
+  s.dtype = DType::bf16;
+  const auto verdict = [](const Selection& sel, std::string_view variant) {
+    for (const Verdict& v : sel.verdicts) {
+      if (v.backend == "flash" && v.variant == variant) return v;
+    }
+    ADD_FAILURE() << "no verdict for flash:" << variant;
+    return Verdict{};
+  };
+  const Selection plain = select(s, Mode::training);
+  EXPECT_NE(plain.variant_name(), "avx512amx-emu");
+  if (!flash_isa_supported("avx512amx-emu")) {
+    EXPECT_NE(verdict(plain, "avx512amx-emu").variant_excluded.find("AVX512-BF16"), std::string::npos);
+    Policy asked;
+    asked.isa = "avx512amx-emu";
+    EXPECT_THROW((void)select(s, Mode::training, asked), Error);
+    return;
+  }
+  EXPECT_NE(verdict(plain, "avx512amx-emu").variant_excluded.find("runs only where ATTEND_ISA=avx512amx-emu"),
+            std::string::npos);
+  Policy asked;
+  asked.isa = "avx512amx-emu";
+  const Selection emu = select(s, Mode::training, asked);
+  ASSERT_EQ(emu.backend->name(), "flash");
+  EXPECT_EQ(emu.variant_name(), "avx512amx-emu");
+  EXPECT_NE(verdict(emu, "avx512bf16").variant_excluded.find("runs that kernel family alone"), std::string::npos);
+  Policy forced;
+  forced.force = "flash:avx512amx-emu";
+  EXPECT_EQ(select(s, Mode::training, forced).variant_name(), "avx512amx-emu");
+  // The process-wide policy decides what a direct call's default target runs.
+  set_policy(asked);
+  EXPECT_EQ(flash_active_isa(), "avx512amx-emu");
+  const auto p = testing::make_problem(s, 8);
+  const auto fwd = forward(p.inputs, p.spec, Mode::training);
+  EXPECT_EQ(fwd.ctx.backend().name(), "flash");
+  set_policy(Policy{});
+  EXPECT_NE(flash_active_isa(), "avx512amx-emu");
+}
+
 }  // namespace
 }  // namespace attend
