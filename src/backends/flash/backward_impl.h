@@ -76,15 +76,15 @@ inline double dot_f64(const float* a, const E* b, std::int64_t n) {
 
 // put(r, j, j - first visible key, a_r . b(j)) in double for each visible key j of the m rows from
 // query i0 that see few keys, all in the tile (few_keys); b(j) is key j's row
-// of `depth` elements. The tile's GEMM sums each product over the head dim in
-// one f32 chain, an error that grows like the depth (2e-6 rms on a score of
-// 256 products at scale 0.48, 3 x what a blocked sgemm such as MKL's makes).
-// A row of few keys turns it into a relative error of its whole gradient: with
-// two keys dS_1 = -dS_2 = P_1 P_2 (dP_1 - dP_2), off by (P_2 - P_1) e(s_1 - s_2)
-// and e(dP_1 - dP_2) / (dP_1 - dP_2), and dQ missed the strict rule at 1.44 x
-// (Sq 299, Sk 2, D 256/128, MQA, scale 0.477). The double dots cost a
-// quarter to half of a backward whose rows all see 2 to 4 keys (one core, Zen
-// 5); at 16 keys they cost 3 x, so longer rows keep the GEMM's scores.
+// of `depth` elements. A row of few keys turns the f32 error of its scores
+// and dP into a relative error of its whole gradient: with two keys
+// dS_1 = -dS_2 = P_1 P_2 (dP_1 - dP_2), off by (P_2 - P_1) e(s_1 - s_2) and
+// e(dP_1 - dP_2) / (dP_1 - dP_2). With one f32 chain over the head dim dQ
+// missed the strict rule at 1.44 x (Sq 299, Sk 2, D 256/128, MQA, scale
+// 0.477); chains of kDotChunk (dot_blocked) still left 1.2 x at 2 to 4 keys.
+// The double dots cost a quarter to half of a backward whose rows all see 2 to
+// 4 keys (one core, Zen 5); at 16 keys they cost 3 x, so longer rows keep the
+// GEMM's scores (dot_blocked's, within the rule from 5 keys on).
 template <class B, class Put>
 inline void few_key_dots(const FlashParams& p, const detail::SeqSpan& span, std::int64_t i0, std::int64_t m,
                          const bool* in_block, const float* a, std::int64_t lda, B b, std::int64_t depth, Put put) {
@@ -405,10 +405,10 @@ void backward_head(const FlashParams& p, const BackwardTask& task, float* scratc
         };
         const bool diagonal = row_keys(0) < nc;
         const auto products = [&](const float* a, std::int64_t lda, const float* bt, std::int64_t depth, float* c) {
-          if (!diagonal) return gemm<S, MR, NV>(m, nc, depth, MatA{a, lda, 1}, bt, BN, c, BN, false);
+          if (!diagonal) return dot_blocked<S, MR, NV>(m, nc, depth, MatA{a, lda, 1}, bt, BN, c, BN);
           for (std::int64_t r = 0; r < m; r += S::W) {
             const std::int64_t mr = std::min<std::int64_t>(S::W, m - r), ncr = row_keys(r);
-            if (ncr > 0) gemm<S, MR, NV>(mr, ncr, depth, MatA{a + r * lda, lda, 1}, bt, BN, c + r * BN, BN, false);
+            if (ncr > 0) dot_blocked<S, MR, NV>(mr, ncr, depth, MatA{a + r * lda, lda, 1}, bt, BN, c + r * BN, BN);
             for (std::int64_t i = r; i < r + mr; ++i) std::fill(c + i * BN + ncr, c + i * BN + nc, 0.0f);
           }
         };

@@ -134,7 +134,8 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   std::int64_t since_fold = 0;
   bool folded = false;
   // The scale goes on K, as in the backward's S = Q (scale K)^T: each score is
-  // then formed from the same products in the same order in both passes, the
+  // then formed from the same products in the same order in both passes (both
+  // through dot_blocked, whose chunks of the head dim must agree), the
   // backward's P = exp(s - LSE) is exactly the forward's (1 for a row that sees
   // one key), and dV = P^T dO carries no extra rounding of the scores.
   for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
@@ -171,7 +172,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     // A plain tile in which every query of the range sees every key needs no pass.
     const bool interior = p.keys(i0 + c0 + mc - 1, span).begin <= j0 && p.keys(i0 + c0, span).end >= j0 + n;
     if (interior) {
-      gemm<S, Tr::mr, Tr::nv>(n, c1 - c0, dqk, MatA{kblk, dqk, 1}, qt + c0, BM, sc, BM, false);
+      dot_blocked<S, Tr::mr, Tr::nv>(n, c1 - c0, dqk, MatA{kblk, dqk, 1}, qt + c0, BM, sc, BM);
     } else {
       // A diagonal tile, a vector of keys at a time from the first query that
       // sees them (visible query ranges move right with the key), so the
@@ -181,8 +182,8 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
         const std::int64_t seen = p.queries(j0 + u, span).begin - i0;
         const std::int64_t cu = std::max(c0, std::max<std::int64_t>(0, seen) / S::W * S::W);
         if (cu >= c1) break;
-        gemm<S, Tr::mr, Tr::nv>(std::min<std::int64_t>(S::W, n - u), c1 - cu, dqk, MatA{kblk + u * dqk, dqk, 1},
-                                qt + cu, BM, st + u * BM + cu, BM, false);
+        dot_blocked<S, Tr::mr, Tr::nv>(std::min<std::int64_t>(S::W, n - u), c1 - cu, dqk, MatA{kblk + u * dqk, dqk, 1},
+                                       qt + cu, BM, st + u * BM + cu, BM);
       }
     }
     const Tile tile{b, h, i0 + c0, mc, j0, n, span, sc, BM, true, n, c1 - c0};
