@@ -69,8 +69,8 @@ std::shared_ptr<Selection> evaluate_all(const AttentionSpec& spec, Mode mode, co
         v.variant_excluded = policy.isa_source + "=" + requested + " runs that kernel family alone";
       } else if (!named && var.on_request && !(forced.backend == name && forced.variant == var.name)) {
         // Asked for by ATTEND_ISA (named), or forced by name: else never.
-        v.variant_excluded = "runs only where ATTEND_ISA=" + var.name + " (or --backend " + name + ":" + var.name +
-                             ") asks for it";
+        v.variant_excluded =
+            "runs only where ATTEND_ISA=" + var.name + " (or --backend " + name + ":" + var.name + ") asks for it";
       } else if (!named && var.isa_level > cap) {
         v.variant_excluded = policy.isa_source + "=" + *policy.isa + " excludes this kernel family";
       }
