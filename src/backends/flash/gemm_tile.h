@@ -76,8 +76,11 @@ inline void gemm(std::int64_t m, std::int64_t n, std::int64_t k, MatA a, const f
   for (; j < n; j += S::W) row_panel<S, MR, 1>(m, k, a, b + j, ldb, c + j, ldc, accumulate);
 }
 
-// Depth of one chain of a blocked dot (dot_blocked).
-inline constexpr std::int64_t kDotChunk = 64;
+// Depth of one chain of a blocked dot (dot_blocked), and the least depth
+// that is blocked: at D = 96 the 64 + 32 split measured worse than one chain
+// on a drawn few-keys case (dq 1.24 x the strict bound under Debian PyTorch's
+// OpenBLAS baseline, within it before), so shorter dots keep one chain.
+inline constexpr std::int64_t kDotChunk = 64, kDotBlockedFrom = 128;
 
 // C = A B for dots over a long depth (the scores, dP): each element is summed
 // in chains of kDotChunk products from zero, the chains then added in order.
@@ -93,6 +96,7 @@ inline constexpr std::int64_t kDotChunk = 64;
 template <class S, int MR, int NV>
 inline void dot_blocked(std::int64_t m, std::int64_t n, std::int64_t k, MatA a, const float* b, std::int64_t ldb,
                         float* c, std::int64_t ldc) {
+  if (k < kDotBlockedFrom) return gemm<S, MR, NV>(m, n, k, a, b, ldb, c, ldc, false);
   for (std::int64_t p = 0; p < k; p += kDotChunk) {
     const MatA ap{a.a + p * a.ps, a.rs, a.ps};
     gemm<S, MR, NV>(m, n, std::min(kDotChunk, k - p), ap, b + p * ldb, ldb, c, ldc, p > 0);
