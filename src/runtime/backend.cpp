@@ -1,6 +1,5 @@
 #include "attend/backend.h"
 
-#include <algorithm>
 #include <memory>
 #include <new>
 #include <span>
@@ -70,26 +69,24 @@ int Backend::find_variant(std::string_view name) const {
 
 namespace {
 
-// Which of a backend's variants the process-wide policy lets run: those within
-// the ISA cap, never an on-request one, unless ATTEND_ISA names one of this
-// backend's variants: then that one alone.
+// Which of a backend's variants the process-wide policy lets run
+// (detail::variant_bar, the selector's rule too), from one policy snapshot.
 struct VariantGate {
-  int cap;                // throws for an ISA this CPU lacks
-  std::string requested;  // an on-request family ATTEND_ISA names, if this backend has it
-  explicit VariantGate(std::span<const Variant> all)
-      : cap(detail::policy_isa_cap()), requested(detail::policy_requested_family()) {
-    if (std::none_of(all.begin(), all.end(), [&](const Variant& v) { return v.name == requested; })) requested.clear();
-  }
-  bool runnable(const Variant& v) const {
-    if (!v.unavailable.empty()) return false;
-    if (!requested.empty()) return v.name == requested;
-    return !v.on_request && v.isa_level <= cap;
-  }
+  std::shared_ptr<const detail::PolicySnapshot> snap = detail::policy_snapshot();
+  int cap = detail::isa_cap(*snap);  // throws for an ISA this CPU lacks
+  bool named;
+  explicit VariantGate(std::span<const Variant> all) : named(detail::isa_names_variant(snap->policy, all)) {}
+  detail::VariantBar bar(const Variant& v) const { return detail::variant_bar(v, snap->policy, named, cap, false); }
+  bool runnable(const Variant& v) const { return bar(v) == detail::VariantBar::none; }
   std::string why_not(const Variant& v) const {
-    if (!v.unavailable.empty()) return v.unavailable;
-    if (!requested.empty()) return "ATTEND_ISA=" + requested + " runs that variant alone";
-    if (v.on_request) return "runs only where ATTEND_ISA names it";
-    return "above the ATTEND_ISA cap";
+    switch (bar(v)) {
+      case detail::VariantBar::unavailable: return v.unavailable;
+      case detail::VariantBar::alone: return "ATTEND_ISA=" + *snap->policy.isa + " runs that variant alone";
+      case detail::VariantBar::on_request: return "runs only where ATTEND_ISA names it";
+      case detail::VariantBar::above_cap: return "above the ATTEND_ISA cap";
+      case detail::VariantBar::none: break;
+    }
+    return {};
   }
 };
 

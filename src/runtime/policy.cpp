@@ -217,13 +217,18 @@ int isa_cap(const Policy& p) {
   return static_cast<int>(*isa);
 }
 
-std::string requested_family(const Policy& p) { return p.isa && *p.isa == cpu::kAmxEmulated ? *p.isa : std::string(); }
+int isa_cap(const PolicySnapshot& snap) { return snap.isa_cap >= -1 ? snap.isa_cap : isa_cap(snap.policy); }
 
-std::string policy_requested_family() { return requested_family(policy_snapshot()->policy); }
+bool isa_names_variant(const Policy& p, std::span<const Variant> all) {
+  return p.isa &&
+         std::any_of(all.begin(), all.end(), [&](const Variant& v) { return v.on_request && v.name == *p.isa; });
+}
 
-int policy_isa_cap() {
-  const auto snap = policy_snapshot();
-  return snap->isa_cap >= -1 ? snap->isa_cap : isa_cap(snap->policy);
+VariantBar variant_bar(const Variant& v, const Policy& p, bool named, int cap, bool forced) {
+  if (!v.unavailable.empty()) return VariantBar::unavailable;
+  if (named) return v.name == *p.isa ? VariantBar::none : VariantBar::alone;
+  if (v.on_request && !forced) return VariantBar::on_request;
+  return v.isa_level > cap ? VariantBar::above_cap : VariantBar::none;
 }
 
 }  // namespace detail

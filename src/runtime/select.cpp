@@ -41,7 +41,6 @@ std::shared_ptr<Selection> evaluate_all(const AttentionSpec& spec, Mode mode, co
                                         std::vector<detail::Candidate>* candidates) {
   validate_policy(policy);
   const int cap = detail::isa_cap(policy);
-  const std::string requested = detail::requested_family(policy);
   const Forced forced = parse_force(policy);
   auto sel = std::make_shared<Selection>();
   sel->mode = mode;
@@ -51,9 +50,7 @@ std::shared_ptr<Selection> evaluate_all(const AttentionSpec& spec, Mode mode, co
     const std::string name(e.backend->name());
     const auto variants = e.backend->variants();
     const bool disabled = std::find(policy.disabled.begin(), policy.disabled.end(), name) != policy.disabled.end();
-    // An on-request family ATTEND_ISA names runs alone in the backend that has it.
-    const bool named = !requested.empty() && std::any_of(variants.begin(), variants.end(),
-                                                         [&](const Variant& var) { return var.name == requested; });
+    const bool named = detail::isa_names_variant(policy, variants);
     for (std::size_t i = 0; i < variants.size(); ++i) {
       const Variant& var = variants[i];
       Verdict v;
@@ -63,16 +60,20 @@ std::shared_ptr<Selection> evaluate_all(const AttentionSpec& spec, Mode mode, co
       v.disabled = disabled;
       v.not_forced =
           policy.force && (forced.backend != name || (!forced.variant.empty() && forced.variant != var.name));
-      if (!var.unavailable.empty()) {
-        v.variant_excluded = var.unavailable;
-      } else if (named && var.name != requested) {
-        v.variant_excluded = policy.isa_source + "=" + requested + " runs that kernel family alone";
-      } else if (!named && var.on_request && !(forced.backend == name && forced.variant == var.name)) {
-        // Asked for by ATTEND_ISA (named), or forced by name: else never.
-        v.variant_excluded =
-            "runs only where ATTEND_ISA=" + var.name + " (or --backend " + name + ":" + var.name + ") asks for it";
-      } else if (!named && var.isa_level > cap) {
-        v.variant_excluded = policy.isa_source + "=" + *policy.isa + " excludes this kernel family";
+      const bool forced_by_name = forced.backend == name && forced.variant == var.name;
+      switch (detail::variant_bar(var, policy, named, cap, forced_by_name)) {
+        case detail::VariantBar::unavailable: v.variant_excluded = var.unavailable; break;
+        case detail::VariantBar::alone:
+          v.variant_excluded = policy.isa_source + "=" + *policy.isa + " runs that kernel family alone";
+          break;
+        case detail::VariantBar::on_request:
+          v.variant_excluded =
+              "runs only where ATTEND_ISA=" + var.name + " (or --backend " + name + ":" + var.name + ") asks for it";
+          break;
+        case detail::VariantBar::above_cap:
+          v.variant_excluded = policy.isa_source + "=" + *policy.isa + " excludes this kernel family";
+          break;
+        case detail::VariantBar::none: break;
       }
       const Target target{device, static_cast<int>(i)};
       v.forward = e.backend->check(spec, Pass::forward, target);
