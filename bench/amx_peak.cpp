@@ -33,57 +33,52 @@ struct alignas(64) Accumulators {
   float c[4][16 * 16] = {};
 };
 
-// ldtilecfg's 64-byte operand: palette 1, every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1, start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
 }  // namespace
 
 // Only this function is built for AMX, and it runs only where
 // cpu::supports(avx512amx) granted the process the tile state.
+}  // namespace attend::bench
+
+// The tile unit is the kernels' own (cpu/amx_tiles.h), hardware only; it is
+// defined inside the region, so it is included here, at namespace scope.
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512_BF16_AMX)
+#include "cpu/amx_tiles.h"
+namespace attend::bench {
 namespace {
 
 __attribute__((noinline)) void tdp_loop(std::int64_t trips, const Operands& in, Accumulators& out) {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  // Own asm, as the flash kernels do: GCC 12's _tile_loadconfig declares only
-  // 8 bytes of its operand as read, so the row and column counts could be lost.
-  __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
-  _tile_loadd(4, in.a0, 64);
-  _tile_loadd(5, in.a1, 64);
-  _tile_loadd(6, in.b0, 64);
-  _tile_loadd(7, in.b1, 64);
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  using T = cpu::AmxTiles;
+  T::configure();
+  T::load<4>(in.a0, 64);
+  T::load<5>(in.a1, 64);
+  T::load<6>(in.b0, 64);
+  T::load<7>(in.b1, 64);
+  T::zero<0>();
+  T::zero<1>();
+  T::zero<2>();
+  T::zero<3>();
   // Four independent accumulators cover TDPBF16PS's latency (about 4x its
   // issue interval on Sapphire Rapids), so the loop runs at the issue rate.
   for (std::int64_t i = 0; i < trips; ++i) {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    T::dpbf16ps<0, 4, 6>();
+    T::dpbf16ps<1, 4, 7>();
+    T::dpbf16ps<2, 5, 6>();
+    T::dpbf16ps<3, 5, 7>();
   }
-  _tile_stored(0, out.c[0], 64);
-  _tile_stored(1, out.c[1], 64);
-  _tile_stored(2, out.c[2], 64);
-  _tile_stored(3, out.c[3], 64);
+  T::store<0>(out.c[0], 64);
+  T::store<1>(out.c[1], 64);
+  T::store<2>(out.c[2], 64);
+  T::store<3>(out.c[3], 64);
   // Hands the tile state back, so the thread's later context switches and
   // other kernels do not carry it.
-  _tile_release();
+  T::release();
 }
 
 }  // namespace
+}  // namespace attend::bench
 ATTEND_TARGET_REGION_END()
+
+namespace attend::bench {
 
 AmxPeak measure_amx_peak(std::int64_t trips, const TimingOptions& options) {
   if (trips < 1 || trips > kAmxMaxTrips) {
