@@ -58,6 +58,9 @@ inline double load(const void* data, attend::DType dtype, std::int64_t i) {
     case attend::DType::bf16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
     case attend::DType::f16: return f16_to_float(static_cast<const std::uint16_t*>(data)[i]);
     case attend::DType::i32: return static_cast<const std::int32_t*>(data)[i];
+    case attend::DType::fp8_e4m3:
+    case attend::DType::fp8_e5m2:
+    case attend::DType::i8: return attend::kv8_value(dtype, static_cast<const std::uint8_t*>(data)[i]);
   }
   return 0.0;
 }
@@ -73,6 +76,11 @@ inline void store(void* data, attend::DType dtype, std::int64_t i, double value)
       static_cast<std::uint16_t*>(data)[i] = float_to_f16(static_cast<float>(value));
       break;
     case attend::DType::i32: static_cast<std::int32_t*>(data)[i] = static_cast<std::int32_t>(value); break;
+    case attend::DType::fp8_e4m3:
+    case attend::DType::fp8_e5m2:
+    case attend::DType::i8:
+      static_cast<std::uint8_t*>(data)[i] = attend::kv8_code(dtype, static_cast<float>(value));
+      break;
   }
 }
 

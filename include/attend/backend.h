@@ -49,8 +49,9 @@ enum class ReasonCode : std::uint8_t {
   accumulate,  // backward adding into dq/dk/dv instead of overwriting them
   sinks,       // softmax_type: a sink logit, or the gradient of learnable ones
   library,     // an external library the backend runs on is missing, too old, or refuses the problem
+  kv_dtype,    // an 8-bit K/V (quantized cache) the backend or pass does not read
 };
-inline constexpr int kReasonCodeCount = static_cast<int>(ReasonCode::library) + 1;
+inline constexpr int kReasonCodeCount = static_cast<int>(ReasonCode::kv_dtype) + 1;
 std::string_view to_string(ReasonCode code);
 
 // One unmet requirement: a code plus a sentence naming the field, the value and
@@ -168,6 +169,11 @@ struct Inputs {
   // softmax_type = learnable: (H) sink logits, f32 (f64 for f64 problems),
   // finite, entering each row's softmax as given (not scaled or softcapped).
   TensorView sinks{};
+  // spec.kv_scale != none (an 8-bit kv_dtype): the f32 scales of K and V, shaped
+  // as expected_shape(spec, Role::k_scale) says; finite and > 0 wherever a
+  // sequence's keys are read. K's element is code * k_scale[...], V's code * v_scale[...].
+  TensorView k_scale{};
+  TensorView v_scale{};
 };
 
 // Caller-provided scratch memory, at least Backend::workspace_bytes. Optional:

@@ -2,7 +2,8 @@
 //
 // Storage follows vLLM / FlashAttention's paged layout: K and V live in pools of
 // pages, (num_pages, page_size, heads_kv, head_dim) in the cache's dtype (f32,
-// bf16, f16 or f64; half precision halves the bytes decode reads), and each sequence owns
+// bf16, f16 or f64; half precision halves the bytes decode reads; an 8-bit
+// kv_dtype quarters them, see below), and each sequence owns
 // a row of the block table listing its pages in token order. Pages are taken
 // from the pool as sequences grow and returned by reset(). Token t of sequence
 // b is row t % page_size of page block_table[b, t / page_size].
@@ -13,10 +14,27 @@
 // through the (user-visible) block table tensor: pages are tracked internally,
 // so no edit of that tensor can make the cache write out of bounds, and
 // forward validates every entry it will read.
+//
+// An 8-bit cache (kv_dtype fp8_e4m3, fp8_e5m2 or i8) stores codes; element =
+// code * scale, f32 scales kept beside the pages (KVScale):
+//   per_token (i8's default): scale = max|x| / code max over each (token, kv
+//     head) row of the append (1 for an all-zero row) — the row's largest
+//     element is exact and none saturates;
+//   per_head (fp8's default; FlashAttention 3's descale): one scale per
+//     (sequence, kv head), fixed by set_scales() or else by the first append
+//     that brings a non-zero value to it: 2 * max|x| / code max over that
+//     append's tokens, so later tokens up to twice as large still fit; larger
+//     ones saturate at the largest code (documented, never inf or NaN);
+//   per_tensor: one scale for everything, fixed likewise by set_scales() or
+//     the first non-zero append over all of its rows.
+// Appends take K/V in `dtype` (f32, bf16 or f16), round to nearest even and
+// refuse a non-finite element by name (no 8-bit code holds it), before
+// anything is written.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -35,7 +53,12 @@ struct KVCacheConfig {
   std::int64_t max_seqlen = 0;   // tokens one sequence can hold (rounded up to whole pages)
   std::int64_t page_size = 64;   // tokens per page: a power of two >= 1
   std::int64_t num_pages = 0;    // pages in the pool; 0: batch * ceil(max_seqlen / page_size)
-  DType dtype = DType::f32;      // of the pages, of appended K/V and of the queries at forward
+  DType dtype = DType::f32;      // of appended K/V and of the queries at forward; of the pages unless kv_dtype
+  // The pages' dtype when it differs: fp8_e4m3, fp8_e5m2 or i8 (dtype f32, bf16 or f16).
+  std::optional<DType> kv_dtype{};
+  // An 8-bit cache's scale layout (none excluded); unset: per_token for i8, per_head for fp8.
+  std::optional<KVScale> kv_scale{};
+  DType page_dtype() const { return kv_dtype.value_or(dtype); }
 };
 
 class KVCache {
@@ -66,8 +89,15 @@ class KVCache {
   // The first `tokens` positions of seq are padding: never attended, and masks
   // and ALiBi count keys from the first real token (FlashAttention's cache_leftpad).
   void set_leftpad(std::int64_t seq, std::int64_t tokens);
-  // Empties seq (length and left padding 0) and returns its pages to the pool.
+  // Empties seq (length and left padding 0) and returns its pages to the pool
+  // (a per_head cache forgets seq's scales).
   void reset(std::int64_t seq);
+  // Fixes the scales of an 8-bit cache before its values arrive: per_head,
+  // heads_kv entries each for sequence seq, which must be empty; per_tensor, one
+  // entry each, while every sequence is empty (seq is ignored). Finite, > 0.
+  void set_scales(std::int64_t seq, std::span<const float> k_scale, std::span<const float> v_scale);
+  bool quantized() const { return is_kv8(config_.page_dtype()); }
+  KVScale scale_layout() const { return scale_; }  // none unless quantized()
 
   // The storage, in the form attend::Inputs takes for spec.kv_page_size = page_size().
   const Tensor& k_pages() const { return k_; }   // (num_pages, page_size, heads_kv, head_dim_qk), dtype
@@ -75,9 +105,14 @@ class KVCache {
   const Tensor& block_table() const { return table_; }  // (B, pages_per_sequence) i32; -1: no page yet
   const Tensor& seqlens() const { return seqlens_; }    // (B) i32: length(b)
   const Tensor& leftpads() const { return leftpads_; }  // (B) i32: leftpad(b)
+  // An 8-bit cache's f32 scales: per_token (num_pages, page_size, heads_kv),
+  // per_head (B, heads_kv), per_tensor (1); undefined otherwise.
+  const Tensor& k_scales() const { return k_scale_; }
+  const Tensor& v_scales() const { return v_scale_; }
   // Points in.k and in.v at the page pools and in.block_table, in.cache_seqlens
-  // (and in.cache_leftpad when has_leftpad()) at the cache's tables, as a spec
-  // with kv_page_size = page_size() expects; the other fields are left alone.
+  // (and in.cache_leftpad when has_leftpad(); in.k_scale/v_scale when quantized)
+  // at the cache's tables, as a spec with kv_page_size = page_size() (and
+  // kv_dtype, kv_scale) expects; the other fields are left alone.
   // The views share the cache's storage.
   void bind(Inputs& in) const;
 
@@ -87,12 +122,24 @@ class KVCache {
   // Strides in elements of the cache's dtype.
   void write_tokens(std::int64_t seq, const std::byte* k, std::int64_t ks, std::int64_t kh, const std::byte* v,
                     std::int64_t vs, std::int64_t vh, std::int64_t n);
+  // An 8-bit cache: refuses non-finite K/V of an append (before any write) and
+  // fixes the per_head / per_tensor scales its values set. Rows as for write_tokens.
+  struct AppendRows {
+    const std::byte *k, *v;
+    std::int64_t ks, kh, vs, vh, n;
+  };
+  // rows[i] belongs to sequence first_seq + i; `batched` names elements k[b][t][h][d], else k[t][h][d].
+  void prepare_quantized(std::span<const AppendRows> rows, std::int64_t first_seq, bool batched);
+  float* scale_at(const Tensor& scales, std::int64_t seq, std::int64_t row, std::int64_t h) const;
 
   KVCacheConfig config_;
   std::int64_t pages_per_seq_ = 0;
   std::vector<std::vector<std::int32_t>> pages_;  // authoritative page list per sequence
   std::vector<std::int32_t> free_;                // free page ids, next to take at the back
   Tensor k_, v_, table_, seqlens_, leftpads_;
+  KVScale scale_ = KVScale::none;
+  Tensor k_scale_, v_scale_;
+  std::vector<char> scale_set_;  // per_head: per sequence; per_tensor: one entry
 };
 
 // Attention of new queries q over the cache, Mode::inference. q is

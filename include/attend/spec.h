@@ -55,6 +55,22 @@ std::string_view to_string(SoftmaxType type);
 // "vanilla", "off_by_one" or "learnable"; throws attend::Error naming `field` otherwise.
 SoftmaxType parse_softmax_type(std::string_view text, std::string_view field = "softmax_type");
 
+// How the scales of an 8-bit K/V (AttentionSpec::kv_dtype) are laid out. The
+// value a code stands for is code * scale; Inputs::k_scale scales K and
+// Inputs::v_scale scales V, both f32, finite and > 0:
+//   none        no scale tensors: every scale is 1
+//   per_tensor  shape (1): one scale for the whole tensor
+//   per_head    shape (B, Hkv): one per (sequence, kv head) — FlashAttention 3's
+//               q/k/v_descale convention (vLLM's per-layer scale is per_tensor)
+//   per_token   k's shape without its last dim — one per (token, kv head):
+//               (B, Sk, Hkv) in bshd, (B, Hkv, Sk) bhsd, (Sk, B, Hkv) sbhd,
+//               (total_kv, Hkv) thd, (pages, page_size, Hkv) paged. The usual
+//               choice for int8, whose per-head scale loses outlier tokens.
+enum class KVScale : std::uint8_t { none, per_tensor, per_head, per_token };
+std::string_view to_string(KVScale scale);
+// "none", "per_tensor", "per_head" or "per_token"; throws attend::Error naming `field` otherwise.
+KVScale parse_kv_scale(std::string_view text, std::string_view field = "kv_scale");
+
 struct AttentionSpec {
   // --- sizes --------------------------------------------------------------------
   std::int64_t batch = 1;       // number of sequences (B); varlen: entries of cu_seqlens - 1
@@ -80,6 +96,12 @@ struct AttentionSpec {
   // ask for f32: a partial output to be merged without intermediate rounding.
   std::optional<DType> out_dtype;
   Layout layout = Layout::bshd; // of q, k, v, out, dout, dq, dk, dv; thd <=> varlen
+  // dtype of k and v; unset: dtype. fp8_e4m3, fp8_e5m2 or i8 with an f32, bf16
+  // or f16 problem: a quantized KV cache whose codes stand for code * scale
+  // (kv_scale). Forward only: no backend has a backward for 8-bit K/V, so
+  // Mode::training never selects one. q, out and the accumulation keep dtype.
+  std::optional<DType> kv_dtype{};
+  KVScale kv_scale = KVScale::none;  // layout of Inputs::k_scale / v_scale (8-bit kv_dtype only)
 
   // --- logits ------------------------------------------------------------------
   std::optional<double> scale;  // multiplies q.k; default 1/sqrt(head_dim_qk)
@@ -135,6 +157,8 @@ struct AttentionSpec {
   DType effective_dq_dtype() const { return dq_dtype.value_or(dtype); }
   DType effective_out_dtype() const { return out_dtype.value_or(dtype); }
   DType lse_dtype() const { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+  DType effective_kv_dtype() const { return kv_dtype.value_or(dtype); }
+  bool kv_quantized() const { return is_kv8(effective_kv_dtype()); }
   bool has_offsets() const { return q_offset != 0 || kv_offset != 0; }
   bool has_sink() const { return softmax_type != SoftmaxType::vanilla; }
 };
@@ -154,13 +178,16 @@ enum class Role : std::uint8_t {
   cu_seqlens_q,
   cu_seqlens_kv,
   sinks,
-  dsinks
+  dsinks,
+  k_scale,
+  v_scale
 };
 std::string_view to_string(Role role);
 
 // The shape a tensor of `role` must have for `spec`, in spec.layout (bshd:
 // (B, S, H, D); bhsd: (B, H, S, D); sbhd: (S, B, H, D); thd: (total, H, D); LSE
-// (B, H, Sq) or (H, total_q); bias the full (B, H, Sq, Sk)). Paged k/v (and
+// (B, H, Sq) or (H, total_q); bias the full (B, H, Sq, Sk); k_scale/v_scale
+// as KVScale says, (0) for KVScale::none). Paged k/v (and
 // dk/dv) are pools whose page count the spec does not fix: their first
 // dimension is returned as -1. The one place the layout -> shape rule lives.
 struct Shape {
@@ -170,7 +197,8 @@ struct Shape {
 };
 Shape expected_shape(const AttentionSpec& spec, Role role);
 // The dtype of that tensor (dq: effective_dq_dtype, out/dout: effective_out_dtype,
-// lse, sinks and dsinks: lse_dtype, cu_seqlens: i32, otherwise dtype). Sinks
+// k/v: effective_kv_dtype, lse, sinks and dsinks: lse_dtype, k_scale/v_scale:
+// f32, cu_seqlens: i32, otherwise dtype). Sinks
 // and dsinks are (H).
 DType expected_dtype(const AttentionSpec& spec, Role role);
 

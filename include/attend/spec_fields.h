@@ -26,7 +26,7 @@ struct SpecField {
   using Member = std::variant<std::int64_t AttentionSpec::*, std::uint64_t AttentionSpec::*, double AttentionSpec::*,
                               bool AttentionSpec::*, DType AttentionSpec::*, Layout AttentionSpec::*,
                               std::optional<double> AttentionSpec::*, std::optional<DType> AttentionSpec::*,
-                              SoftmaxType AttentionSpec::*>;
+                              SoftmaxType AttentionSpec::*, KVScale AttentionSpec::*>;
   std::string_view name;  // the C++ member, JSON key and Python keyword
   Member member;
   KeyUse key = KeyUse::exact;
@@ -35,8 +35,8 @@ struct SpecField {
 
 // The kind of value a field holds, for front ends that type their arguments
 // (the CLI's flags, Python's keywords): int (int64), uint (uint64), real, bool,
-// dtype, layout or softmax_type (by name).
-enum class FieldKind : std::uint8_t { integer, unsigned_integer, real, boolean, dtype, layout, softmax_type };
+// dtype, layout, softmax_type or kv_scale (by name).
+enum class FieldKind : std::uint8_t { integer, unsigned_integer, real, boolean, dtype, layout, softmax_type, kv_scale };
 std::string_view to_string(FieldKind kind);
 FieldKind field_kind(const SpecField& field);
 // An optional field may be unset: "" in get_field/set_field.

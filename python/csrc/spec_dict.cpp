@@ -42,7 +42,8 @@ std::string field_text(const SpecField& f, const py::handle& val) {
       case FieldKind::real: return py::repr(py::float_(py::reinterpret_borrow<py::object>(val))).cast<std::string>();
       case FieldKind::dtype:
       case FieldKind::layout:
-      case FieldKind::softmax_type: break;  // names only: a str, handled above
+      case FieldKind::softmax_type:
+      case FieldKind::kv_scale: break;  // names only: a str, handled above
     }
   } catch (const py::error_already_set&) {
   } catch (const py::cast_error&) {
@@ -57,7 +58,8 @@ py::object field_value(const AttentionSpec& s, const SpecField& f) {
       [&](auto member) -> py::object {
         const auto& v = s.*member;
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout> || std::is_same_v<T, SoftmaxType>)
+        if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout> || std::is_same_v<T, SoftmaxType> ||
+                      std::is_same_v<T, KVScale>)
           return py::str(std::string(to_string(v)));
         else if constexpr (std::is_same_v<T, std::optional<DType>>) {
           return v ? py::object(py::str(std::string(to_string(*v)))) : py::none();

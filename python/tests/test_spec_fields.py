@@ -9,8 +9,9 @@ from conftest import math_attention, randn
 
 # A value other than the default for each kind; fields whose valid values depend
 # on others get theirs here (f32 dq/out needs a bf16 problem).
-SAMPLES = {"int": 3, "uint": 7, "real": 0.25, "layout": "bhsd", "softmax_type": "off_by_one"}
-SPECIAL = {"dtype": ("f64", {}), "dq_dtype": ("f32", {"dtype": "bf16"}), "out_dtype": ("f32", {"dtype": "bf16"})}
+SAMPLES = {"int": 3, "uint": 7, "real": 0.25, "layout": "bhsd", "softmax_type": "off_by_one", "kv_scale": "per_head"}
+SPECIAL = {"dtype": ("f64", {}), "dq_dtype": ("f32", {"dtype": "bf16"}), "out_dtype": ("f32", {"dtype": "bf16"}),
+           "kv_dtype": ("i8", {"dtype": "bf16"}), "kv_scale": ("per_token", {"kv_dtype": "fp8_e4m3"})}
 
 
 def test_every_table_field_is_a_keyword_of_the_spec_builder():

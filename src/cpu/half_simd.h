@@ -11,9 +11,11 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "kernel/half.h"
+#include "kernel/quant8.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -49,6 +51,71 @@ inline typename S::V load_f32(const f16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   } else if constexpr (S::W == 8) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else
+#endif
+  {
+    static_assert(S::W == 1 || S::W == 8 || S::W == 16);
+    return static_cast<float>(*p);
+  }
+}
+
+// The 8-bit K/V codes (kernel/quant8.h), widened exactly: W bytes read.
+//   i8   -> f32: sign-extend and convert.
+//   e5m2 -> f32: the byte is an f16's upper half; vcvtph2ps.
+//   e4m3 -> f32: its magnitude bits shifted into an f16 (exponent 4 of 5 bits,
+//   mantissa 3 of 10) are 2^-8 times its value, subnormals included, so
+//   vcvtph2ps and a multiply by 256 (exact) widen it; S.1111.111 is NaN.
+template <class S>
+inline typename S::V load_f32(const std::int8_t* p) {
+#if defined(__x86_64__)
+  if constexpr (S::W == 16) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  } else if constexpr (S::W == 8) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  } else
+#endif
+  {
+    static_assert(S::W == 1 || S::W == 8 || S::W == 16);
+    return static_cast<float>(*p);
+  }
+}
+
+template <class S>
+inline typename S::V load_f32(const fp8_e5m2_t* p) {
+#if defined(__x86_64__)
+  if constexpr (S::W == 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
+  } else if constexpr (S::W == 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(b), 8));
+  } else
+#endif
+  {
+    static_assert(S::W == 1 || S::W == 8 || S::W == 16);
+    return static_cast<float>(*p);
+  }
+}
+
+template <class S>
+inline typename S::V load_f32(const fp8_e4m3_t* p) {
+#if defined(__x86_64__)
+  if constexpr (S::W == 16) {
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
+    const __m256i h =
+        _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+    const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    const __m512i nan = _mm512_cvtepi16_epi32(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f)));
+    return _mm512_mask_mov_ps(f, _mm512_test_epi32_mask(nan, nan),
+                              _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+  } else if constexpr (S::W == 8) {
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+    const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+    return _mm256_blendv_ps(f, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan);
   } else
 #endif
   {

@@ -232,7 +232,7 @@ class Parser {
 
 DType parse_descr(const std::string& descr, std::string_view name) {
   const auto bad = [&](const std::string& why) -> DType {
-    fail(name, "descr", quote(descr), why + "; supported: '<f4', '<f8', '<f2', '<i4'");
+    fail(name, "descr", quote(descr), why + "; supported: '<f4', '<f8', '<f2', '<i4', '|i1'");
   };
   if (descr.size() != 3) return bad("unsupported dtype");
   const char order = descr[0];
@@ -243,6 +243,7 @@ DType parse_descr(const std::string& descr, std::string_view name) {
   if (type == "f8") return DType::f64;
   if (type == "f2") return DType::f16;
   if (type == "i4") return DType::i32;
+  if (type == "i1") return DType::i8;
   return bad("unsupported dtype");
 }
 
@@ -268,10 +269,13 @@ const char* descr_of(DType dtype, std::string_view what) {
     case DType::f64: return "<f8";
     case DType::f16: return "<f2";
     case DType::i32: return "<i4";
-    case DType::bf16: break;
+    case DType::i8: return "|i1";
+    case DType::bf16:
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: break;
   }
   throw Error(ErrorCode::io, std::string(what), std::string(to_string(dtype)),
-              "NumPy has no bfloat16 dtype; convert to f32 before saving");
+              "NumPy has no " + std::string(to_string(dtype)) + " dtype; convert to f32 before saving");
 }
 
 struct FileCloser {

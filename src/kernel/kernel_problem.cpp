@@ -32,6 +32,9 @@ void init_kernel_problem(KernelProblem& p, const AttentionSpec& s, const Inputs&
     p.sk = token_strides(in.k, s.layout);
     p.sv = token_strides(in.v, s.layout);
   }
+  p.kv_dtype = s.effective_kv_dtype();
+  p.kscale = kv_scale_view(s, in.k_scale);
+  p.vscale = kv_scale_view(s, in.v_scale);
   if (s.has_bias) {
     p.bias = in.bias.data;
     p.sbias = bias_strides(in.bias);

@@ -41,6 +41,11 @@ struct KernelProblem {
   const void *q = nullptr, *k = nullptr, *v = nullptr;
   TokenStrides sq, sk, sv;  // paged: sk/sv are the pools' {page, row, head} strides
   PageTable pages;          // paged K/V (a KV cache); pages.paged() is false otherwise
+  // Element type of k and v: dtype, or an 8-bit code type whose element is
+  // code * scale (kscale for K, vscale for V; AttentionSpec::kv_scale).
+  DType kv_dtype = DType::f32;
+  KVScaleView kscale, vscale;
+  bool kv_quantized() const { return is_kv8(kv_dtype); }
   const void* bias = nullptr;
   BiasStrides sbias;
 

@@ -64,4 +64,21 @@ double alibi_slope(const AttentionSpec& spec, const Inputs& in, std::int64_t b, 
   return alibi_slopes(spec, in)(b, h);
 }
 
+KVScaleView kv_scale_view(const AttentionSpec& spec, const TensorView& scale) {
+  KVScaleView v;
+  if (spec.kv_scale == KVScale::none || !scale.defined()) return v;
+  v.data = scale.as<const float>();
+  switch (spec.kv_scale) {
+    case KVScale::none: break;
+    case KVScale::per_tensor: v.st = {0, 0, 0}; break;
+    case KVScale::per_head: v.st = {scale.strides[0], 0, scale.strides[1]}; break;
+    case KVScale::per_token:
+      v.paged = spec.paged();
+      v.st = spec.paged() ? TokenStrides{scale.strides[0], scale.strides[1], scale.strides[2]}
+                          : token_strides(scale, spec.layout);
+      break;
+  }
+  return v;
+}
+
 }  // namespace attend::detail

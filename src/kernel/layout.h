@@ -81,6 +81,23 @@ PageTable page_table(const AttentionSpec& spec, const Inputs& in);
 // Strides of a (pages, page_size, heads, dim) pool as TokenStrides {page, row, head}.
 TokenStrides pool_strides(const TensorView& pool);
 
+// The scales of an 8-bit K/V (AttentionSpec::kv_scale) as kernel parameters:
+// the scale of storage row `row` of sequence b (kv_begin included, as for
+// PageTable) and kv head hk. A per-head scale has a row stride of 0, a
+// per-tensor one all strides 0; null data: every scale is 1.
+struct KVScaleView {
+  const float* data = nullptr;
+  TokenStrides st;     // {b (paged: page), row, head}
+  bool paged = false;  // per-token scales of a paged cache: pages like K's
+  float at(const PageTable& pages, std::int64_t b, std::int64_t row, std::int64_t hk) const {
+    if (!data) return 1.0f;
+    return data[paged ? pages.offset(st, b, row, hk) : st.offset(b, row, hk)];
+  }
+  // The same scale for every row of (b, hk): per-head, per-tensor or none.
+  bool per_row() const { return data && st.s != 0; }
+};
+KVScaleView kv_scale_view(const AttentionSpec& spec, const TensorView& scale);
+
 // Strides of the bias (or dbias) tensor (Bb, Hb, Sq, Sk); a broadcast dim has stride 0.
 struct BiasStrides {
   std::int64_t b = 0, h = 0, i = 0;

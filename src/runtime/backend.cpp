@@ -38,6 +38,7 @@ std::string_view to_string(ReasonCode code) {
     case ReasonCode::accumulate: return "accumulate";
     case ReasonCode::sinks: return "sinks";
     case ReasonCode::library: return "library";
+    case ReasonCode::kv_dtype: return "kv_dtype";
   }
   return "other";
 }

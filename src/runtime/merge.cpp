@@ -44,7 +44,10 @@ double load(const TensorView& t, std::int64_t offset) {
     case DType::f64: return t.as<const double>()[offset];
     case DType::bf16: return detail::to_f32(t.as<const detail::bf16_t>()[offset]);
     case DType::f16: return detail::to_f32(t.as<const detail::f16_t>()[offset]);
-    case DType::i32: break;
+    case DType::i32:
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2:
+    case DType::i8: break;  // not an output dtype (validate refuses it)
   }
   return 0.0;
 }
@@ -55,7 +58,10 @@ void store(const TensorView& t, std::int64_t offset, double v) {
     case DType::f64: t.as<double>()[offset] = v; return;
     case DType::bf16: t.as<detail::bf16_t>()[offset] = detail::from_f32<detail::bf16_t>(static_cast<float>(v)); return;
     case DType::f16: t.as<detail::f16_t>()[offset] = detail::from_f32<detail::f16_t>(static_cast<float>(v)); return;
-    case DType::i32: return;
+    case DType::i32:
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2:
+    case DType::i8: return;
   }
 }
 

@@ -31,6 +31,24 @@ SoftmaxType parse_softmax_type(std::string_view text, std::string_view field) {
               "expected vanilla, off_by_one or learnable");
 }
 
+std::string_view to_string(KVScale scale) {
+  switch (scale) {
+    case KVScale::none: return "none";
+    case KVScale::per_tensor: return "per_tensor";
+    case KVScale::per_head: return "per_head";
+    case KVScale::per_token: return "per_token";
+  }
+  return "?";
+}
+
+KVScale parse_kv_scale(std::string_view text, std::string_view field) {
+  for (KVScale k : {KVScale::none, KVScale::per_tensor, KVScale::per_head, KVScale::per_token}) {
+    if (text == to_string(k)) return k;
+  }
+  throw Error(ErrorCode::invalid_argument, std::string(field), std::string(text),
+              "expected none, per_tensor, per_head or per_token");
+}
+
 double AttentionSpec::effective_scale() const {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim_qk));
 }
@@ -74,7 +92,24 @@ void validate(const AttentionSpec& s) {
     invalid("heads_kv", std::to_string(s.heads_kv),
             "heads_q=" + std::to_string(s.heads_q) + " is not a multiple of heads_kv");
   }
-  if (s.dtype == DType::i32) invalid("dtype", "i32", "attention tensors must be floating point");
+  if (s.dtype == DType::i32 || is_kv8(s.dtype)) {
+    invalid("dtype", std::string(to_string(s.dtype)),
+            is_kv8(s.dtype) ? "an 8-bit type is a K/V storage type only: set kv_dtype (q and out stay f32, bf16 or f16)"
+                            : "attention tensors must be floating point");
+  }
+  if (s.kv_dtype && *s.kv_dtype != s.dtype) {
+    const bool wide = s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16;
+    if (!(is_kv8(*s.kv_dtype) && wide)) {
+      invalid("kv_dtype", std::string(to_string(*s.kv_dtype)),
+              "must equal dtype=" + std::string(to_string(s.dtype)) +
+                  ", or be fp8_e4m3, fp8_e5m2 or i8 (an 8-bit KV cache) when dtype is f32, bf16 or f16");
+    }
+  }
+  if (s.kv_scale != KVScale::none && !s.kv_quantized()) {
+    invalid("kv_scale", std::string(to_string(s.kv_scale)),
+            "scales apply to an 8-bit kv_dtype (fp8_e4m3, fp8_e5m2, i8); kv_dtype is " +
+                std::string(to_string(s.effective_kv_dtype())));
+  }
   if (s.dq_dtype && *s.dq_dtype != s.dtype) {
     const bool half = s.dtype == DType::bf16 || s.dtype == DType::f16;
     if (!(half && *s.dq_dtype == DType::f32)) {
@@ -131,8 +166,10 @@ void validate(const AttentionSpec& s) {
   const std::int64_t rows_kv = s.varlen() ? s.total_kv : detail::checked_mul(s.batch, s.seqlen_kv, "kv rows");
   check_bytes({rows_q, s.heads_q, s.head_dim_qk}, s.dtype, "q bytes");
   check_bytes({rows_q, s.heads_q, s.head_dim_v}, s.dtype, "out bytes");
-  check_bytes({rows_kv, s.heads_kv, s.head_dim_qk}, s.dtype, "k bytes");
-  check_bytes({rows_kv, s.heads_kv, s.head_dim_v}, s.dtype, "v bytes");
+  check_bytes({rows_kv, s.heads_kv, s.head_dim_qk}, s.effective_kv_dtype(), "k bytes");
+  check_bytes({rows_kv, s.heads_kv, s.head_dim_v}, s.effective_kv_dtype(), "v bytes");
+  if (s.kv_scale == KVScale::per_head) check_bytes({s.batch, s.heads_kv}, DType::f32, "k_scale bytes");
+  if (s.kv_scale == KVScale::per_token) check_bytes({rows_kv, s.heads_kv}, DType::f32, "k_scale bytes");
   check_bytes({rows_q, s.heads_q}, DType::f64, "lse bytes");
   if (s.has_bias) check_bytes({s.batch, s.heads_q, s.seqlen_q, s.seqlen_kv}, s.dtype, "bias bytes");
   if (s.varlen() && s.batch == std::numeric_limits<std::int64_t>::max()) {
@@ -173,6 +210,10 @@ std::string describe(const AttentionSpec& s) {
   if (s.has_offsets()) os << " offsets(" << s.q_offset << ',' << s.kv_offset << ')';
   if (s.accumulate_grads) os << " accumulate";
   if (s.has_sink()) os << " sinks=" << to_string(s.softmax_type);
+  if (s.effective_kv_dtype() != s.dtype) {
+    os << " kv=" << to_string(s.effective_kv_dtype());
+    if (s.kv_scale != KVScale::none) os << '/' << to_string(s.kv_scale);
+  }
   return os.str();
 }
 
@@ -192,6 +233,8 @@ std::string_view to_string(Role role) {
     case Role::cu_seqlens_kv: return "cu_seqlens_kv";
     case Role::sinks: return "sinks";
     case Role::dsinks: return "dsinks";
+    case Role::k_scale: return "k_scale";
+    case Role::v_scale: return "v_scale";
   }
   return "?";
 }
@@ -225,6 +268,20 @@ Shape expected_shape(const AttentionSpec& s, Role role) {
     case Role::cu_seqlens_kv: return {1, {s.batch + 1}};
     case Role::sinks:
     case Role::dsinks: return {1, {s.heads_q}};
+    case Role::k_scale:
+    case Role::v_scale: {
+      switch (s.kv_scale) {
+        case KVScale::none: return {1, {0}};
+        case KVScale::per_tensor: return {1, {1}};
+        case KVScale::per_head: return {2, {s.batch, s.heads_kv}};
+        case KVScale::per_token: {
+          Shape k = keys(1);  // k's shape with a last dim of 1, which is then dropped
+          --k.ndim;
+          return k;
+        }
+      }
+      return {};
+    }
   }
   return {};
 }
@@ -239,6 +296,10 @@ DType expected_dtype(const AttentionSpec& s, Role role) {
     case Role::dsinks: return s.lse_dtype();
     case Role::cu_seqlens_q:
     case Role::cu_seqlens_kv: return DType::i32;
+    case Role::k:
+    case Role::v: return s.effective_kv_dtype();
+    case Role::k_scale:
+    case Role::v_scale: return DType::f32;
     default: return s.dtype;
   }
 }

@@ -32,6 +32,10 @@ constexpr SpecField kFields[] = {
     {"dq_dtype", &S::dq_dtype, KeyUse::exact, "dtype of dq; unset: dtype (f32 allowed for bf16/f16)"},
     {"out_dtype", &S::out_dtype, KeyUse::exact, "dtype of out and dout; unset: dtype (f32 allowed for bf16/f16)"},
     {"layout", &S::layout, KeyUse::exact, "bshd, bhsd, sbhd, or thd (varlen)"},
+    {"kv_dtype", &S::kv_dtype, KeyUse::exact,
+     "dtype of k and v; unset: dtype (fp8_e4m3, fp8_e5m2, i8: an 8-bit KV cache, forward only)"},
+    {"kv_scale", &S::kv_scale, KeyUse::exact,
+     "scales of 8-bit k/v (code * scale): none, per_tensor, per_head (B,Hkv) or per_token"},
     {"scale", &S::scale, KeyUse::exact, "multiplies q.k; unset: 1/sqrt(head_dim_qk)"},
     {"softcap", &S::softcap, KeyUse::exact, "> 0: logits become softcap*tanh(s/softcap); 0 disables"},
     {"alibi", &S::alibi, KeyUse::exact, "add -slope*|distance| (slopes f32, (H) or (B,H))"},
@@ -107,6 +111,7 @@ std::string_view to_string(FieldKind kind) {
     case FieldKind::dtype: return "dtype";
     case FieldKind::layout: return "layout";
     case FieldKind::softmax_type: return "softmax_type";
+    case FieldKind::kv_scale: return "kv_scale";
   }
   return "?";
 }
@@ -125,6 +130,8 @@ FieldKind field_kind(const SpecField& field) {
           return FieldKind::layout;
         else if constexpr (std::is_same_v<T, SoftmaxType>)
           return FieldKind::softmax_type;
+        else if constexpr (std::is_same_v<T, KVScale>)
+          return FieldKind::kv_scale;
         else if constexpr (std::is_same_v<T, std::uint64_t>)
           return FieldKind::unsigned_integer;
         else
@@ -154,7 +161,8 @@ std::string get_field(const AttentionSpec& spec, const SpecField& field) {
           return v ? "true" : "false";
         else if constexpr (std::is_same_v<T, double>)
           return real(v);
-        else if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout> || std::is_same_v<T, SoftmaxType>)
+        else if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, Layout> || std::is_same_v<T, SoftmaxType> ||
+                           std::is_same_v<T, KVScale>)
           return std::string(to_string(v));
         else if constexpr (std::is_same_v<T, std::optional<double>>)
           return v ? real(*v) : "";
@@ -185,6 +193,8 @@ void set_field(AttentionSpec& spec, const SpecField& field, std::string_view tex
           }
         } else if constexpr (std::is_same_v<T, SoftmaxType>) {
           v = parse_softmax_type(text, field.name);
+        } else if constexpr (std::is_same_v<T, KVScale>) {
+          v = parse_kv_scale(text, field.name);
         } else if constexpr (std::is_same_v<T, std::optional<double>>) {
           v = text.empty() ? std::optional<double>{} : parse_number<double>(field, text);
         } else if constexpr (std::is_same_v<T, std::optional<DType>>) {
@@ -205,6 +215,7 @@ std::string spec_to_json(const AttentionSpec& spec) {
     const bool quoted = std::holds_alternative<DType AttentionSpec::*>(f.member) ||
                         std::holds_alternative<Layout AttentionSpec::*>(f.member) ||
                         std::holds_alternative<SoftmaxType AttentionSpec::*>(f.member) ||
+                        std::holds_alternative<KVScale AttentionSpec::*>(f.member) ||
                         std::holds_alternative<std::optional<DType> AttentionSpec::*>(f.member);
     if (v.empty())
       out += "null";

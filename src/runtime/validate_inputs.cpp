@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attend/backend.h"
@@ -114,8 +115,8 @@ void check_cu_seqlens(const char* name, const TensorView& cu, const AttentionSpe
 void check_paged_shapes(const AttentionSpec& s, const Inputs& in, Device dev) {
   const std::int64_t pages = in.k.defined() && in.k.ndim == 4 ? in.k.shape[0] : 0;
   const std::int64_t ps = s.kv_page_size;
-  check_view("k", in.k, s.dtype, {pages, ps, s.heads_kv, s.head_dim_qk}, dev);
-  check_view("v", in.v, s.dtype, {pages, ps, s.heads_kv, s.head_dim_v}, dev);
+  check_view("k", in.k, s.effective_kv_dtype(), {pages, ps, s.heads_kv, s.head_dim_qk}, dev);
+  check_view("v", in.v, s.effective_kv_dtype(), {pages, ps, s.heads_kv, s.head_dim_v}, dev);
   const TensorView& bt = in.block_table;
   const std::int64_t width = bt.defined() && bt.ndim == 2 ? bt.shape[1] : 0;
   check_view("block_table", bt, DType::i32, {s.batch, width}, dev);
@@ -181,6 +182,73 @@ void check_sinks(const AttentionSpec& s, const TensorView& z) {
   }
 }
 
+// The shape of k_scale / v_scale: a paged per-token pool has k's page count.
+Dims scale_shape(const AttentionSpec& s, Role role, const Inputs& in) {
+  Dims d = expected(s, role);
+  if (s.paged() && s.kv_scale == KVScale::per_token) d[0] = in.k.defined() && in.k.ndim == 4 ? in.k.shape[0] : 0;
+  return d;
+}
+
+// Every scale a forward will read must be finite and > 0: a zero, negative or
+// NaN scale would turn the cache's codes into garbage silently. Per-token
+// scales are checked for the tokens the sequences read (paged: through the
+// block table), which costs one float per (token, kv head) against the
+// head_dim bytes of each code row.
+void check_scales(const AttentionSpec& s, const Inputs& in) {
+  for (const auto& [name, t] : {std::pair{"k_scale", &in.k_scale}, std::pair{"v_scale", &in.v_scale}}) {
+    const auto* base = t->as<const float>();
+    const auto check = [&](std::int64_t offset, const auto& index) {
+      const float x = base[offset];
+      if (std::isfinite(x) && x > 0.0f) return;
+      std::ostringstream os;
+      os << x;
+      throw Error(ErrorCode::invalid_argument, std::string(name) + index(), os.str(),
+                  "a K/V scale must be finite and > 0 (the value a code stands for is code * scale)");
+    };
+    const auto at = [](auto... i) {
+      std::string r;
+      ((r += "[" + std::to_string(i) + "]"), ...);
+      return [r] { return r; };
+    };
+    if (s.kv_scale == KVScale::per_tensor) {
+      check(0, at(0));
+    } else if (s.kv_scale == KVScale::per_head) {
+      for (std::int64_t b = 0; b < s.batch; ++b)
+        for (std::int64_t h = 0; h < s.heads_kv; ++h) check(b * t->strides[0] + h * t->strides[1], at(b, h));
+    } else if (s.paged()) {
+      const TensorView& bt = in.block_table;
+      const auto* table = bt.as<const std::int32_t>();
+      const std::int64_t ps = s.kv_page_size;
+      for (std::int64_t b = 0; b < s.batch; ++b) {
+        const std::int64_t end = in.cache_seqlens.as<const std::int32_t>()[b * in.cache_seqlens.strides[0]];
+        const std::int64_t begin =
+            s.kv_leftpad ? in.cache_leftpad.as<const std::int32_t>()[b * in.cache_leftpad.strides[0]] : 0;
+        for (std::int64_t tok = begin; tok < end; ++tok) {
+          const std::int64_t page = table[b * bt.strides[0] + tok / ps * bt.strides[1]];
+          for (std::int64_t h = 0; h < s.heads_kv; ++h) {
+            check(page * t->strides[0] + tok % ps * t->strides[1] + h * t->strides[2], at(page, tok % ps, h));
+          }
+        }
+      }
+    } else {
+      // Dense layouts: every element is a (token, kv head) some sequence reads,
+      // except thd rows past cu_seqlens_kv[B], which nothing reads.
+      std::int64_t n0 = t->shape[0];
+      if (s.varlen()) n0 = in.cu_seqlens_kv.as<const std::int32_t>()[s.batch * in.cu_seqlens_kv.strides[0]];
+      const std::int64_t n1 = t->shape[1], n2 = t->ndim == 3 ? t->shape[2] : 1;
+      for (std::int64_t i = 0; i < n0; ++i)
+        for (std::int64_t j = 0; j < n1; ++j)
+          for (std::int64_t l = 0; l < n2; ++l) {
+            const std::int64_t off = i * t->strides[0] + j * t->strides[1] + (t->ndim == 3 ? l * t->strides[2] : 0);
+            if (t->ndim == 3)
+              check(off, at(i, j, l));
+            else
+              check(off, at(i, j));
+          }
+    }
+  }
+}
+
 // dk/dv of paged pools have the pools' shapes; otherwise the spec's.
 Dims grad_shape(const AttentionSpec& s, Role role, const TensorView& input) {
   if (s.paged()) return Dims(input.shape.begin(), input.shape.begin() + input.ndim);
@@ -195,8 +263,8 @@ void validate_input_shapes(const AttentionSpec& s, const Inputs& in) {
   if (s.paged()) {
     check_paged_shapes(s, in, dev);
   } else {
-    check_view("k", in.k, s.dtype, expected(s, Role::k), dev);
-    check_view("v", in.v, s.dtype, expected(s, Role::v), dev);
+    check_view("k", in.k, s.effective_kv_dtype(), expected(s, Role::k), dev);
+    check_view("v", in.v, s.effective_kv_dtype(), expected(s, Role::v), dev);
     check_absent("block_table", in.block_table, "kv_page_size");
     check_absent("cache_seqlens", in.cache_seqlens, "kv_page_size");
     check_absent("cache_leftpad", in.cache_leftpad, "kv_leftpad");
@@ -221,6 +289,13 @@ void validate_input_shapes(const AttentionSpec& s, const Inputs& in) {
   } else {
     check_absent("sinks", in.sinks, "softmax_type=learnable");
   }
+  if (s.kv_scale != KVScale::none) {
+    check_view("k_scale", in.k_scale, DType::f32, scale_shape(s, Role::k_scale, in), dev);
+    check_view("v_scale", in.v_scale, DType::f32, scale_shape(s, Role::v_scale, in), dev);
+  } else {
+    check_absent("k_scale", in.k_scale, "kv_scale");
+    check_absent("v_scale", in.v_scale, "kv_scale");
+  }
   if (s.varlen()) {
     check_view("cu_seqlens_q", in.cu_seqlens_q, DType::i32, {detail::checked_add(s.batch, 1, "cu_seqlens_q")}, dev);
     check_view("cu_seqlens_kv", in.cu_seqlens_kv, DType::i32, {detail::checked_add(s.batch, 1, "cu_seqlens_kv")}, dev);
@@ -238,6 +313,7 @@ void validate_contents(const AttentionSpec& s, const Inputs& in) {
   }
   if (s.paged()) check_paged_contents(s, in);
   if (s.softmax_type == SoftmaxType::learnable) check_sinks(s, in.sinks);
+  if (s.kv_scale != KVScale::none) check_scales(s, in);
 }
 
 void validate_inputs(const AttentionSpec& s, const Inputs& in) {
@@ -265,6 +341,10 @@ void validate_backward_tensors(const BackwardArgs& a, bool inputs_checked) {
   check_view("lse", a.lse, s.lse_dtype(), expected(s, Role::lse), dev);
   check_view("dout", a.dout, s.effective_out_dtype(), expected(s, Role::dout), dev);
   check_view("dq", a.dq, s.effective_dq_dtype(), expected(s, Role::dq), dev);
+  if (s.kv_quantized()) {
+    throw Error(ErrorCode::unsupported, "kv_dtype", std::string(to_string(s.effective_kv_dtype())),
+                "8-bit K/V is an inference cache: there is no backward pass for it");
+  }
   check_view("dk", a.dk, s.dtype, grad_shape(s, Role::dk, a.in.k), dev);
   check_view("dv", a.dv, s.dtype, grad_shape(s, Role::dv, a.in.v), dev);
   if (s.bias_requires_grad) {

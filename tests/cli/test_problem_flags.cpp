@@ -29,14 +29,17 @@ std::vector<std::string> args_setting(const attend::SpecField& f, std::string& v
       {"heads_kv", {"--heads", "4"}},
       {"dq_dtype", {"--dtype", "bf16"}},
       {"out_dtype", {"--dtype", "bf16"}},
-      {"bias_requires_grad", {"--bias", "head"}}};
+      {"bias_requires_grad", {"--bias", "head"}},
+      {"kv_scale", {"--kv-dtype", "i8"}}};
   static const std::map<std::string, std::string, std::less<>> special = {{"heads_q", "8"},
                                                                           {"heads_kv", "2"},
                                                                           {"dtype", "f64"},
                                                                           {"dq_dtype", "f32"},
                                                                           {"out_dtype", "f32"},
                                                                           {"layout", "bhsd"},
-                                                                          {"softmax_type", "off_by_one"}};
+                                                                          {"softmax_type", "off_by_one"},
+                                                                          {"kv_dtype", "i8"},
+                                                                          {"kv_scale", "per_token"}};
   const attend::AttentionSpec defaults;
   if (const auto it = special.find(f.name); it != special.end()) {
     value = it->second;

@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_params.h"
 #include "kernel/f32_range.h"
+#include "kernel/kv_support.h"
 #include "runtime/builtin.h"
 #include "runtime/checked.h"
 
@@ -85,6 +86,7 @@ class CudaBackend final : public Backend {
 
  protected:
   void supports(const AttentionSpec& s, Pass pass, const Target& target, Support& sup) const override {
+    detail::require_kv_dtype(s, pass, name(), false, sup);
     sup.require(s.dtype == DType::f32 || s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype, [&] {
       return "dtype=" + std::string(to_string(s.dtype)) + " is not computed by cuda (f32, bf16, f16)";
     });

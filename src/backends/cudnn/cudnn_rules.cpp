@@ -18,6 +18,7 @@
 #include <string>
 
 #include "attend/error.h"
+#include "kernel/kv_support.h"
 #include "runtime/checked.h"
 
 namespace attend::cudnn {
@@ -316,6 +317,7 @@ MaskBand mask_band(const AttentionSpec& s) {
 }
 
 void check_rules(const AttentionSpec& s, Pass pass, const RuleTarget& t, Support& sup) {
+  detail::require_kv_dtype(s, pass, "cudnn", false, sup);
   sup.require(s.dtype == DType::bf16 || s.dtype == DType::f16, ReasonCode::dtype, [&] {
     return "dtype=" + std::string(to_string(s.dtype)) +
            ": cuDNN's fused SDPA multiplies bf16/f16 on tensor cores (f32 and f64 run on cuda's simt variant)";

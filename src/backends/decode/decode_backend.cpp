@@ -14,6 +14,7 @@
 #include "backends/decode/dispatch.h"
 #include "cpu/threads.h"
 #include "kernel/f32_range.h"
+#include "kernel/kv_support.h"
 #include "runtime/builtin.h"
 #include "runtime/checked.h"
 
@@ -41,6 +42,7 @@ class DecodeBackend final : public Backend {
 
  protected:
   void supports(const AttentionSpec& s, Pass pass, const Target&, Support& sup) const override {
+    detail::require_kv_dtype(s, pass, name(), true, sup);
     if (pass == Pass::backward) {
       sup.require(false, ReasonCode::no_backward,
                   "decode has no backward pass (a forward-only split-KV inference kernel)");
@@ -94,8 +96,8 @@ class DecodeBackend final : public Backend {
   }
 
   void run_forward(const ForwardArgs& a) const override {
-    const decode::DtypeKernels& k =
-        decode::kernels_for(decode::kFamilies[static_cast<std::size_t>(a.target.variant)]).for_dtype(a.spec.dtype);
+    const decode::DtypeKernels& k = decode::kernels_for(decode::kFamilies[static_cast<std::size_t>(a.target.variant)])
+                                        .for_dtype(a.spec.dtype, a.spec.effective_kv_dtype());
     decode::DecodeParams p = decode::make_params(a);
     auto* base = static_cast<float*>(a.workspace.data);
     p.partial = base;

@@ -8,10 +8,14 @@
 // apart at each page boundary), beyond what hardware prefetchers follow, so the
 // next block's rows are prefetched explicitly while this one is computed.
 //
-// Every kernel is a template on the element type E of q/k/v/bias/out (float,
-// bf16_t, f16_t): K/V rows are widened to f32 as they are loaded
-// (cpu/half_simd.h), so a bf16/f16 cache streams half the bytes of an f32 one
-// while all arithmetic, the partials and the LSE stay f32.
+// Every kernel is a template on the element type E of q/bias/out (float,
+// bf16_t, f16_t) and KV of k/v (E, or an 8-bit code: fp8_e4m3_t, fp8_e5m2_t,
+// int8_t): K/V rows are widened to f32 as they are loaded (cpu/half_simd.h),
+// so a bf16/f16 cache streams half the bytes of an f32 one and an 8-bit cache a
+// quarter, while all arithmetic, the partials and the LSE stay f32. An 8-bit
+// cache's scales never touch the codes: code * k_scale enters a score as
+// (q . code) * k_scale, one multiply per score, and code * v_scale as the
+// weight P * v_scale of the code row, one multiply per probability.
 #pragma once
 
 #include <algorithm>
@@ -157,6 +161,14 @@ inline void score_rows(const float* q, std::int64_t ldq, const E* const* k, std:
       dot_tile<R, KB, E>(q, ldq, k + c, dqk, s + c);
     }
     if (c < next.n) prefetch_rows(next.k + c, std::min<std::int64_t>(KB, next.n - c), dqk);
+  }
+}
+
+// Row r's scores times the per-key K scales (an 8-bit cache), before any logit term.
+inline void scale_scores(float* s, std::int64_t m, const float* ksc) {
+  for (std::int64_t r = 0; r < m; ++r) {
+    for (std::int64_t c = 0; c < kBlockN; c += W)
+      Simd::store(s + r * kBlockN + c, Simd::mul(Simd::load(s + r * kBlockN + c), Simd::load(ksc + c)));
   }
 }
 
@@ -307,14 +319,17 @@ inline HeadState carve(const DecodeParams& p, float* base) {
 
 // Keys [j0, j0 + n) of kv head hk for its m query rows (r = i * group + g):
 // scores, mask and logit terms, online softmax, P V; meanwhile the rows of
-// `next` are asked for.
-template <class E>
+// `next` are asked for. ksc/vsc: the keys' scales (an 8-bit cache with
+// scales; kBlockN entries, padding 1), else null.
+template <class E, class KV>
 inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n,
-                       const E* const* kr, const E* const* vr, const HeadState& st, NextBlock<E> next) {
+                       const KV* const* kr, const KV* const* vr, const HeadState& st, NextBlock<KV> next,
+                       const float* ksc, const float* vsc) {
   const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
   const bool plain = p.softcap == 0 && !p.slopes.data && !p.bias;
   scores(st.qs, p.plan.dqkp, m, kr, p.dqk, p.scale, st.s, next);
+  if (ksc) scale_scores(st.s, m, ksc);
   for (std::int64_t i = 0; i < sp.q_len; ++i) {
     const detail::KeyRange vis = p.keys(b, i);
     const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
@@ -358,6 +373,11 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
           // NaN * 0 stays NaN; drawn at global positions (q_offset + i, kv_offset + j).
           sr[c] *= p.dropout_mask.keep(b, h, i + p.mask.q_offset, j0 + c + p.mask.kv_offset) ? p.dropout_scale : 0.0f;
         }
+      }
+      // V's scales weigh the code rows after the sums (they scale V, not P).
+      if (vsc) {
+        for (std::int64_t c = 0; c < kBlockN; c += W)
+          Simd::store(sr + c, Simd::mul(Simd::load(sr + c), Simd::load(vsc + c)));
       }
     }
   }
@@ -428,9 +448,9 @@ inline void fold_rows(const HeadState& st, std::int64_t m, std::int64_t lda, flo
 // One split of sequence b for kv heads [hk0, hk1): the heads advance through
 // the split's key blocks together, so each block's token rows (all heads side
 // by side in memory) are streamed once, and the next block is prefetched.
-template <class E>
+template <class E, class KV = E>
 void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::int64_t hk1, std::int64_t split,
-                       float* scratch) {
+                float* scratch) {
   const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, dqk = p.dqk;
   const std::int64_t ldq = p.plan.dqkp, lda = p.plan.dvp;
@@ -440,7 +460,7 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
     for (std::int64_t r = 0; r < m; ++r) {
       const std::int64_t i = r / g, h = hk * g + r % g;
       const E* src = static_cast<const E*>(p.q) + p.sq.offset(b, sp.q_begin + i, h);
-      if constexpr (pair_scores<E>) {
+      if constexpr (pair_scores<KV>) {                   // KV = bf16 only with E = bf16
         E* dst = reinterpret_cast<E*>(st.qs + r * ldq);  // 2 * ldq elements
         std::copy(src, src + dqk, dst);
         std::fill(dst + dqk, dst + 2 * ldq, detail::from_f32<E>(0.0f));
@@ -461,10 +481,13 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
   const detail::KeyRange all = p.key_union(b);
   const std::int64_t c0 = all.begin + split * p.plan.split_len;
   const std::int64_t c1 = std::min(all.end, c0 + p.plan.split_len);
-  const E* kr[kBlockN];
-  const E* vr[kBlockN];
-  const E* nk[kBlockN];
-  const E* nv[kBlockN];
+  const KV* kr[kBlockN];
+  const KV* vr[kBlockN];
+  const KV* nk[kBlockN];
+  const KV* nv[kBlockN];
+  // Per-key scales of an 8-bit cache (padding 1: those columns are masked).
+  const bool scaled = p.kscale.data != nullptr;
+  alignas(64) float ksc[kBlockN], vsc[kBlockN];
   const std::int64_t fold_every = fold_blocks((c1 - c0 + kBlockN - 1) / kBlockN);
   std::int64_t since_fold = 0;
   bool folded = false;
@@ -486,8 +509,14 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
       if (nn > 0) p.gather(b, hk, j0 + kBlockN, nn, nk, nv);
       p.gather(b, hk, j0, n, kr, vr);
       std::fill(kr + n, kr + kBlockN, kr[0]);  // whole-block score tiles; masked columns
-      block_step(p, b, hk, j0, n, kr, vr, carve(p, scratch + (hk - hk0) * p.plan.head_floats),
-                 NextBlock<E>{nk, nv, std::max<std::int64_t>(nn, 0)});
+      if (scaled) {
+        p.gather_scales(b, hk, j0, n, ksc, vsc);
+        std::fill(ksc + n, ksc + kBlockN, 1.0f);
+        std::fill(vsc + n, vsc + kBlockN, 1.0f);
+      }
+      block_step<E>(p, b, hk, j0, n, kr, vr, carve(p, scratch + (hk - hk0) * p.plan.head_floats),
+                    NextBlock<KV>{nk, nv, std::max<std::int64_t>(nn, 0)}, scaled ? ksc : nullptr,
+                    scaled ? vsc : nullptr);
     }
   }
 
@@ -542,6 +571,26 @@ void combine_task(const DecodeParams& p, std::int64_t b, std::int64_t hk) {
     }
     p.lse[p.slse.offset(b, row, h)] = lse;
   }
+}
+
+// The kernels of q/out type E over K/V of type KV.
+template <class E, class KV = E>
+constexpr DtypeKernels kernels_of() {
+  return {&split_task<E, KV>, &combine_task<E>};
+}
+
+// Every (E, KV) pair decode runs in this family.
+inline KernelTable make_table(std::string_view isa) {
+  using detail::bf16_t;
+  using detail::f16_t;
+  KernelTable t{isa, kernels_of<float>(), kernels_of<bf16_t>(), kernels_of<f16_t>(), {}};
+  const auto row = [&]<class E>(E*, std::array<DtypeKernels, 3>& q8) {
+    q8 = {kernels_of<E, detail::fp8_e4m3_t>(), kernels_of<E, detail::fp8_e5m2_t>(), kernels_of<E, std::int8_t>()};
+  };
+  row(static_cast<float*>(nullptr), t.q8[0]);
+  row(static_cast<bf16_t*>(nullptr), t.q8[1]);
+  row(static_cast<f16_t*>(nullptr), t.q8[2]);
+  return t;
 }
 
 }  // namespace attend::decode::ATTEND_DECODE_ISA

@@ -74,6 +74,30 @@ struct DecodeParams : detail::KernelProblem {
       in_page = 0;
     }
   }
+  // The K and V scales of keys [t0, t0 + n) of kv head hk (an 8-bit cache with
+  // scales), walking pages like gather.
+  void gather_scales(std::int64_t b, std::int64_t hk, std::int64_t t0, std::int64_t n, float* ks, float* vs) const {
+    const std::int64_t row0 = span(b).kv_begin + t0;
+    if (!kscale.paged) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        ks[j] = kscale.data[kscale.st.offset(b, row0 + j, hk)];
+        vs[j] = vscale.data[vscale.st.offset(b, row0 + j, hk)];
+      }
+      return;
+    }
+    std::int64_t slot = row0 / pages.page_size, in_page = row0 % pages.page_size;
+    for (std::int64_t j = 0; j < n;) {
+      const std::int64_t page = pages.table[b * pages.row_stride + slot * pages.col_stride];
+      const float* kp = kscale.data + page * kscale.st.b + hk * kscale.st.h;
+      const float* vp = vscale.data + page * vscale.st.b + hk * vscale.st.h;
+      for (; in_page < pages.page_size && j < n; ++in_page, ++j) {
+        ks[j] = kp[in_page * kscale.st.s];
+        vs[j] = vp[in_page * vscale.st.s];
+      }
+      ++slot;
+      in_page = 0;
+    }
+  }
   detail::KeyRange keys(std::int64_t b, std::int64_t i) const {
     const detail::SeqSpan s = span(b);
     return detail::visible_keys(mask, i, s.q_len, s.kv_len);

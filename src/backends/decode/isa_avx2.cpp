@@ -14,6 +14,7 @@
 #include "cpu/target_region.h"
 #include "kernel/half.h"
 #include "kernel/lse_merge.h"
+#include "kernel/quant8.h"
 
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 
@@ -28,14 +29,6 @@ ATTEND_TARGET_REGION_END()
 
 namespace attend::decode {
 
-KernelTable kernels_avx2() {
-  using detail::bf16_t;
-  using detail::f16_t;
-  namespace k = isa_avx2;
-  return {"avx2",
-          {&k::split_task<float>, &k::combine_task<float>},
-          {&k::split_task<bf16_t>, &k::combine_task<bf16_t>},
-          {&k::split_task<f16_t>, &k::combine_task<f16_t>}};
-}
+KernelTable kernels_avx2() { return isa_avx2::make_table("avx2"); }
 
 }  // namespace attend::decode

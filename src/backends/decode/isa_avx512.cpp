@@ -14,6 +14,7 @@
 #include "cpu/target_region.h"
 #include "kernel/half.h"
 #include "kernel/lse_merge.h"
+#include "kernel/quant8.h"
 
 ATTEND_AVX512_WARNINGS_BEGIN()
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512)
@@ -30,14 +31,6 @@ ATTEND_AVX512_WARNINGS_END()
 
 namespace attend::decode {
 
-KernelTable kernels_avx512() {
-  using detail::bf16_t;
-  using detail::f16_t;
-  namespace k = isa_avx512;
-  return {"avx512",
-          {&k::split_task<float>, &k::combine_task<float>},
-          {&k::split_task<bf16_t>, &k::combine_task<bf16_t>},
-          {&k::split_task<f16_t>, &k::combine_task<f16_t>}};
-}
+KernelTable kernels_avx512() { return isa_avx512::make_table("avx512"); }
 
 }  // namespace attend::decode

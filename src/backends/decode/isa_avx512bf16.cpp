@@ -21,6 +21,7 @@
 #include "cpu/target_region.h"
 #include "kernel/half.h"
 #include "kernel/lse_merge.h"
+#include "kernel/quant8.h"
 
 ATTEND_AVX512_WARNINGS_BEGIN()
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512)
@@ -46,7 +47,7 @@ namespace attend::decode {
 KernelTable kernels_avx512bf16() {
   KernelTable t = kernels_avx512();
   t.isa = "avx512bf16";
-  t.bf16 = {&isa_avx512bf16::split_task<detail::bf16_t>, &isa_avx512bf16::combine_task<detail::bf16_t>};
+  t.bf16 = isa_avx512bf16::kernels_of<detail::bf16_t>();
   return t;
 }
 

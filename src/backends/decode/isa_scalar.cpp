@@ -12,6 +12,7 @@
 #include "backends/decode/dispatch.h"
 #include "kernel/half.h"
 #include "kernel/lse_merge.h"
+#include "kernel/quant8.h"
 
 // Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
 // clang-format off
@@ -23,14 +24,6 @@
 
 namespace attend::decode {
 
-KernelTable kernels_scalar() {
-  using detail::bf16_t;
-  using detail::f16_t;
-  namespace k = isa_scalar;
-  return {"scalar",
-          {&k::split_task<float>, &k::combine_task<float>},
-          {&k::split_task<bf16_t>, &k::combine_task<bf16_t>},
-          {&k::split_task<f16_t>, &k::combine_task<f16_t>}};
-}
+KernelTable kernels_scalar() { return isa_scalar::make_table("scalar"); }
 
 }  // namespace attend::decode

@@ -15,6 +15,7 @@
 #include "backends/flash/flash_params.h"
 #include "cpu/threads.h"
 #include "kernel/f32_range.h"
+#include "kernel/kv_support.h"
 #include "kernel/sink_grad.h"
 #include "runtime/builtin.h"
 #include "runtime/checked.h"
@@ -103,12 +104,13 @@ class FlashBackend final : public Backend {
       return "dtype=" + std::string(to_string(s.dtype)) + " is not computed by flash (f32, bf16, f16)";
     });
     detail::require_f32_logit_terms(s, name(), sup);
+    detail::require_kv_dtype(s, pass, name(), true, sup);
     // How the family computes a half dtype, said here so that a bf16/f16
     // problem never runs at f32 speed without the explanation telling.
     if (s.dtype == DType::bf16 || s.dtype == DType::f16) {
       sup.note([&] {
         const std::string dtype(to_string(s.dtype)), isa(k.isa);
-        if (const char* gemms = k.for_dtype(s.dtype).half_gemms) {
+        if (const char* gemms = k.for_dtype(s.dtype, s.effective_kv_dtype()).half_gemms) {
           return "dtype=" + dtype + ": GEMMs on " + gemms + " (kernel family " + isa +
                  "), f32 softmax and accumulators";
         }
@@ -149,7 +151,7 @@ class FlashBackend final : public Backend {
 
   void run_forward(const ForwardArgs& a) const override {
     const flash::KernelTable& k = table(a.target);
-    const flash::DtypeKernels& kd = k.for_dtype(a.spec.dtype);
+    const flash::DtypeKernels& kd = k.for_dtype(a.spec.dtype, a.spec.effective_kv_dtype());
     const flash::FlashParams p = flash::make_forward_params(a);
     // Tasks: (batch, head, query block), query blocks innermost so that threads
     // working side by side share one head's K/V in cache. Later query blocks
@@ -216,7 +218,7 @@ class FlashBackend final : public Backend {
   // Floats of one thread's scratch: the family's tiles, the element type's
   // extras (bf16 GEMM packs) and, for bf16/f16 backward, the f32 dQ sum.
   static std::int64_t forward_floats(const flash::KernelTable& k, const AttentionSpec& s) {
-    const flash::DtypeKernels& kd = k.for_dtype(s.dtype);
+    const flash::DtypeKernels& kd = k.for_dtype(s.dtype, s.effective_kv_dtype());
     return k.forward_scratch(s.head_dim_qk, s.head_dim_v) +
            (kd.forward_extra ? kd.forward_extra(s.head_dim_qk, s.head_dim_v) : 0);
   }

@@ -8,9 +8,12 @@
 // is slower: rows of one head sit H*D floats apart, often a multiple of 4 KiB,
 // and the GEMM's loads then conflict in L1.)
 //
-// E is the element type of q/k/v/bias/out (float, bf16_t, f16_t): Q, K and V
-// are widened to f32 while they are packed, the output is rounded to E when it
-// is stored; tiles, the online softmax and the LSE are f32.
+// E is the element type of q/bias/out (float, bf16_t, f16_t) and KV that of
+// k/v (E, or an 8-bit code type: fp8_e4m3_t, fp8_e5m2_t, int8_t): Q, K and V
+// are widened to f32 while they are packed (an 8-bit code times its scale:
+// K's scale joins the softmax scale on the packed row, V's multiplies it), the
+// output is rounded to E when it is stored; tiles, the online softmax and the
+// LSE are f32.
 // Included inside an ISA namespace.
 #pragma once
 
@@ -30,21 +33,35 @@ namespace attend::flash::ATTEND_FLASH_ISA {
 // scale * K^T holds: see forward_block), vrow = v widened and zero-padded to
 // dvp. Returns bad + v * 0, which is NaN once any v of the block is not finite
 // (checked while the row is in registers anyway).
+// An 8-bit code type: its rows are dequantized with a scale per (key, kv head).
+template <class KV>
+inline constexpr bool kv8 = sizeof(KV) == 1;
+
+// (An 8-bit V row is code * v_scale; other types ignore v_scale.)
 template <class S, class E>
 inline typename S::V pack_kv_row(const E* k, const E* v, std::int64_t dqk, std::int64_t dv, std::int64_t dvp,
-                                 float scale, float* krow, float* vrow, typename S::V bad) {
+                                 float scale, float v_scale, float* krow, float* vrow, typename S::V bad) {
   using V = typename S::V;
   const V vscale = S::set1(scale), zero = S::zero();
+  [[maybe_unused]] const V vs = S::set1(v_scale);
+  const auto widen_v = [&](const E* x) {
+    if constexpr (kv8<E>) {
+      return S::mul(detail::load_f32<S>(x), vs);
+    } else {
+      return detail::load_f32<S>(x);
+    }
+  };
+  const auto widen_v1 = [&](E x) { return kv8<E> ? detail::to_f32(x) * v_scale : detail::to_f32(x); };
   std::int64_t d = 0;
   for (; d + S::W <= dqk; d += S::W) S::store(krow + d, S::mul(detail::load_f32<S>(k + d), vscale));
   for (; d < dqk; ++d) krow[d] = detail::to_f32(k[d]) * scale;
   for (d = 0; d + S::W <= dv; d += S::W) {
-    const V x = detail::load_f32<S>(v + d);
+    const V x = widen_v(v + d);
     S::store(vrow + d, x);
     bad = S::fmadd(x, zero, bad);
   }
   if (d < dvp) {  // the last partial vector: dvp - d == W
-    for (std::int64_t t = d; t < dvp; ++t) vrow[t] = t < dv ? detail::to_f32(v[t]) : 0.0f;
+    for (std::int64_t t = d; t < dvp; ++t) vrow[t] = t < dv ? widen_v1(v[t]) : 0.0f;
     bad = S::fmadd(S::load(vrow + d), zero, bad);
   }
   return bad;
@@ -93,7 +110,7 @@ inline void fold_level(float* dst, const float* hi, const float* lo, std::int64_
   }
 }
 
-template <class S, class E>
+template <class S, class E, class KV = E>
 void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) {
   using Tr = KernelTraits<S>;
   using V = typename S::V;
@@ -121,8 +138,8 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
   // The first K/V block is asked for before Q is packed, so that its loads
   // overlap the packing's (later blocks are prefetched one block ahead below).
   for (std::int64_t j = first.begin; j < std::min(first.begin + BN, last.end); ++j) {
-    prefetch_row(p.k_row<E>(b, span, j, hk), dqk);
-    prefetch_row(p.v_row<E>(b, span, j, hk), dv);
+    prefetch_row(p.k_row<KV>(b, span, j, hk), dqk);
+    prefetch_row(p.v_row<KV>(b, span, j, hk), dv);
   }
   pack_transposed<S>(p.q_as<E>() + p.sq.offset(b, span.q_begin + i0, h), p.sq.s, m, mp, dqk, 1.0f, qt, BM);
   std::fill(row_max, row_max + mp, kNegInf);
@@ -151,14 +168,20 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     const std::int64_t n = std::min(BN, last.end - j0);
     V v_bad = S::zero();
     for (std::int64_t j = 0; j < n; ++j) {
-      v_bad = pack_kv_row<S>(p.k_row<E>(b, span, j0 + j, hk), p.v_row<E>(b, span, j0 + j, hk), dqk, dv, dvp, p.scale,
-                             kblk + j * dqk, vblk + j * dvp, v_bad);
+      float k_scale = p.scale, v_scale = 1.0f;
+      if constexpr (kv8<KV>) {
+        const std::int64_t row = span.kv_begin + j0 + j;
+        k_scale = p.scale * p.kscale.at(p.pages, b, row, hk);
+        v_scale = p.vscale.at(p.pages, b, row, hk);
+      }
+      v_bad = pack_kv_row<S>(p.k_row<KV>(b, span, j0 + j, hk), p.v_row<KV>(b, span, j0 + j, hk), dqk, dv, dvp, k_scale,
+                             v_scale, kblk + j * dqk, vblk + j * dvp, v_bad);
     }
     // Rows of one head are H*D floats apart, too far for the hardware
     // prefetchers: ask for the next block while this one is computed.
     for (std::int64_t j = j0 + BN; j < std::min(j0 + 2 * BN, last.end); ++j) {
-      prefetch_row(p.k_row<E>(b, span, j, hk), dqk);
-      prefetch_row(p.v_row<E>(b, span, j, hk), dv);
+      prefetch_row(p.k_row<KV>(b, span, j, hk), dqk);
+      prefetch_row(p.v_row<KV>(b, span, j, hk), dv);
     }
     // Only the queries that see some key of this block take part: under a
     // causal or window mask the rest of a diagonal block would be pure waste.
@@ -202,7 +225,7 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     // A NaN or infinite v would reach the masked queries through their zero
     // weights in the GEMM (nonfinite_tile.h).
     if (S::reduce_add(v_bad) != 0.0f) {
-      visible_pv<S, E>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, dvp, 1);
+      visible_pv<S, KV>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, dvp, 1);
     } else if (interior) {
       gemm<S, Tr::mr, Tr::nv>(mc, dvp, n, MatA{sc, 1, BM}, vblk, dvp, acc + c0 * dvp, dvp, true);
     } else {
@@ -225,6 +248,18 @@ void forward_block(const FlashParams& p, std::int64_t b, std::int64_t h, std::in
     store_out_row<E>(p, p.so.offset(b, row, h), acc + r * dvp, inv[r], empty[r] != 0.0f);
     p.lse[p.slse.offset(b, row, h)] = lse[r];
   }
+}
+
+// The forward kernels over an 8-bit K/V for each q dtype (KernelTable::q8).
+template <class S>
+std::array<std::array<DtypeKernels, 3>, 3> q8_forward_kernels() {
+  const auto row = [&]<class E>(E*) {
+    return std::array<DtypeKernels, 3>{DtypeKernels{&forward_block<S, E, detail::fp8_e4m3_t>},
+                                       DtypeKernels{&forward_block<S, E, detail::fp8_e5m2_t>},
+                                       DtypeKernels{&forward_block<S, E, std::int8_t>}};
+  };
+  return {row(static_cast<float*>(nullptr)), row(static_cast<detail::bf16_t*>(nullptr)),
+          row(static_cast<detail::f16_t*>(nullptr))};
 }
 
 }  // namespace attend::flash::ATTEND_FLASH_ISA

@@ -14,6 +14,7 @@
 #include "backends/flash/kernel_traits.h"
 #include "cpu/target_region.h"
 #include "kernel/half.h"
+#include "kernel/quant8.h"
 
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX2)
 
@@ -34,7 +35,7 @@ KernelTable kernels_avx2() {
   using detail::bf16_t;
   using detail::f16_t;
   namespace k = isa_avx2;
-  return {
+  KernelTable t{
       "avx2",
       KernelTraits<SimdAvx2>::fwd_m,
       {&k::forward_block<SimdAvx2, float>, &k::backward_head<SimdAvx2, float>, &k::store_kv_parts<SimdAvx2, float>},
@@ -42,6 +43,8 @@ KernelTable kernels_avx2() {
       {&k::forward_block<SimdAvx2, f16_t>, &k::backward_head<SimdAvx2, f16_t>, &k::store_kv_parts<SimdAvx2, f16_t>},
       &forward_scratch_floats<SimdAvx2>,
       &backward_scratch_floats<SimdAvx2>};
+  t.q8 = k::q8_forward_kernels<SimdAvx2>();
+  return t;
 }
 
 }  // namespace attend::flash

@@ -15,6 +15,7 @@
 #include "backends/flash/kernel_traits.h"
 #include "cpu/target_region.h"
 #include "kernel/half.h"
+#include "kernel/quant8.h"
 
 ATTEND_AVX512_WARNINGS_BEGIN()
 ATTEND_TARGET_REGION_BEGIN(ATTEND_FEATURES_AVX512)
@@ -50,16 +51,18 @@ KernelTable kernels_avx512() {
   using detail::bf16_t;
   using detail::f16_t;
   namespace k = isa_avx512;
-  return {"avx512",
-          KernelTraits<SimdAvx512>::fwd_m,
-          {&k::forward_block<SimdAvx512, float>, &k::backward_head<SimdAvx512, float>,
-           &k::store_kv_parts<SimdAvx512, float>},
-          {&k::forward_block<SimdAvx512, bf16_t>, &k::backward_head<SimdAvx512, bf16_t>,
-           &k::store_kv_parts<SimdAvx512, bf16_t>},
-          {&k::forward_block<SimdAvx512, f16_t>, &k::backward_head<SimdAvx512, f16_t>,
-           &k::store_kv_parts<SimdAvx512, f16_t>},
-          &forward_scratch_floats<SimdAvx512>,
-          &backward_scratch_floats<SimdAvx512>};
+  KernelTable t{"avx512",
+                KernelTraits<SimdAvx512>::fwd_m,
+                {&k::forward_block<SimdAvx512, float>, &k::backward_head<SimdAvx512, float>,
+                 &k::store_kv_parts<SimdAvx512, float>},
+                {&k::forward_block<SimdAvx512, bf16_t>, &k::backward_head<SimdAvx512, bf16_t>,
+                 &k::store_kv_parts<SimdAvx512, bf16_t>},
+                {&k::forward_block<SimdAvx512, f16_t>, &k::backward_head<SimdAvx512, f16_t>,
+                 &k::store_kv_parts<SimdAvx512, f16_t>},
+                &forward_scratch_floats<SimdAvx512>,
+                &backward_scratch_floats<SimdAvx512>};
+  t.q8 = k::q8_forward_kernels<SimdAvx512>();
+  return t;
 }
 
 // avx512 with the bf16 forward and backward on vdpbf16ps; everything else is avx512's.

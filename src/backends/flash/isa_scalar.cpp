@@ -12,6 +12,7 @@
 #include "backends/flash/flash_params.h"
 #include "backends/flash/kernel_traits.h"
 #include "kernel/half.h"
+#include "kernel/quant8.h"
 
 // Order matters below: the ISA macros and SIMD wrapper come before the kernel bodies.
 // clang-format off
@@ -29,16 +30,18 @@ KernelTable kernels_scalar() {
   using detail::bf16_t;
   using detail::f16_t;
   namespace k = isa_scalar;
-  return {"scalar",
-          KernelTraits<SimdScalar>::fwd_m,
-          {&k::forward_block<SimdScalar, float>, &k::backward_head<SimdScalar, float>,
-           &k::store_kv_parts<SimdScalar, float>},
-          {&k::forward_block<SimdScalar, bf16_t>, &k::backward_head<SimdScalar, bf16_t>,
-           &k::store_kv_parts<SimdScalar, bf16_t>},
-          {&k::forward_block<SimdScalar, f16_t>, &k::backward_head<SimdScalar, f16_t>,
-           &k::store_kv_parts<SimdScalar, f16_t>},
-          &forward_scratch_floats<SimdScalar>,
-          &backward_scratch_floats<SimdScalar>};
+  KernelTable t{"scalar",
+                KernelTraits<SimdScalar>::fwd_m,
+                {&k::forward_block<SimdScalar, float>, &k::backward_head<SimdScalar, float>,
+                 &k::store_kv_parts<SimdScalar, float>},
+                {&k::forward_block<SimdScalar, bf16_t>, &k::backward_head<SimdScalar, bf16_t>,
+                 &k::store_kv_parts<SimdScalar, bf16_t>},
+                {&k::forward_block<SimdScalar, f16_t>, &k::backward_head<SimdScalar, f16_t>,
+                 &k::store_kv_parts<SimdScalar, f16_t>},
+                &forward_scratch_floats<SimdScalar>,
+                &backward_scratch_floats<SimdScalar>};
+  t.q8 = k::q8_forward_kernels<SimdScalar>();
+  return t;
 }
 
 }  // namespace attend::flash

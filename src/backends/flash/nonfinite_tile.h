@@ -43,7 +43,8 @@ inline bool tile_finite(const float* t, std::int64_t rows, std::int64_t cols, st
 
 // Forward, acc[r] += sum_j P[j][r] v_j over the keys [j0, j0 + n) that query
 // i0 + r sees, for rows [r0, r1). P is key-major (ldp floats between keys); the
-// accumulator element (r, d) is acc[r * ars + d * ads].
+// accumulator element (r, d) is acc[r * ars + d * ads]. E is V's element
+// type; an 8-bit code is multiplied by its scale first, as the packed rows are.
 template <class S, class E>
 inline void visible_pv(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span,
                        std::int64_t i0, std::int64_t r0, std::int64_t r1, std::int64_t j0, std::int64_t n,
@@ -55,9 +56,10 @@ inline void visible_pv(const FlashParams& p, std::int64_t b, std::int64_t hk, co
     for (std::int64_t j = lo; j < hi; ++j) {
       const E* v = p.v_row<E>(b, span, j0 + j, hk);
       const float w = pt[j * ldp + r];
+      const float vs = sizeof(E) == 1 ? p.vscale.at(p.pages, b, span.kv_begin + j0 + j, hk) : 1.0f;
       for (std::int64_t d = 0; d < p.dv; ++d) {
         float& a = acc[r * ars + d * ads];
-        a = S::fmadd1(w, detail::to_f32(v[d]), a);
+        a = S::fmadd1(w, sizeof(E) == 1 ? detail::to_f32(v[d]) * vs : detail::to_f32(v[d]), a);
       }
     }
   }

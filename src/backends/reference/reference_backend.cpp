@@ -7,6 +7,7 @@
 #include "attend/backends/reference.h"
 #include "attend/error.h"
 #include "backends/reference/reference_kernels.h"
+#include "kernel/kv_support.h"
 #include "runtime/builtin.h"
 
 namespace attend {
@@ -22,6 +23,7 @@ class ReferenceBackend final : public Backend {
   // Pure in (spec, pass): the memory bound uses one worker's score matrices,
   // which do not depend on the thread count.
   void supports(const AttentionSpec& spec, Pass pass, const Target&, Support& s) const override {
+    detail::require_kv_dtype(spec, pass, name(), false, s);
     const bool computed = spec.dtype == DType::f32 || spec.dtype == DType::f64 || spec.dtype == DType::bf16 ||
                           spec.dtype == DType::f16;
     s.require(computed, ReasonCode::dtype, [&] {

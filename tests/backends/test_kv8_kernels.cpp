@@ -1,0 +1,172 @@
+// decode and flash over 8-bit K/V (fp8_e4m3, fp8_e5m2, i8) with every scale
+// layout, for f32, bf16 and f16 queries: against the f64 reference on the
+// dequantized K/V (code * scale) by the same-precision rule, for dense
+// (bshd, bhsd, sbhd), varlen and paged caches with GQA, causal and window
+// masks, softcap, ALiBi, sinks and dropout. The suite runs once per kernel
+// family (tests/CMakeLists.txt), so every family's dequantizing loads run.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "attend/attend.h"
+#include "attend/backends/decode.h"
+#include "attend/backends/flash.h"
+#include "backends/decode/paged_problem.h"
+#include "support/kv8_problem.h"
+
+namespace attend {
+namespace {
+
+struct Kv8Case {
+  std::string name;
+  AttentionSpec spec;
+  std::vector<std::int32_t> lens_q, lens_kv, leftpad;
+  std::int64_t page = 0;
+};
+
+AttentionSpec base(std::int64_t sq, std::int64_t sk, std::int64_t dqk, std::int64_t dv) {
+  AttentionSpec s;
+  s.batch = 2;
+  s.seqlen_q = sq;
+  s.seqlen_kv = sk;
+  s.heads_q = 4;
+  s.heads_kv = 2;
+  s.head_dim_qk = dqk;
+  s.head_dim_v = dv;
+  return s;
+}
+
+std::vector<Kv8Case> cases() {
+  std::vector<Kv8Case> v;
+  v.push_back({"decode_one_query", base(1, 700, 64, 64), {}, {}, {}, 0});
+  Kv8Case c{"bhsd_causal_softcap_alibi_odd_dims", base(5, 130, 72, 40), {}, {}, {}, 0};
+  c.spec.layout = Layout::bhsd;
+  c.spec.causal = true;
+  c.spec.softcap = 8;
+  c.spec.alibi = true;
+  v.push_back(c);
+  c = {"varlen_window", base(0, 0, 64, 32), {1, 0, 3, 40}, {200, 17, 0, 90}, {}, 0};
+  c.spec.layout = Layout::thd;
+  c.spec.window_left = 30;
+  v.push_back(c);
+  c = {"paged_leftpad_causal_sinks", base(3, 0, 64, 64), {}, {300, 90}, {5, 0}, 16};
+  c.spec.causal = true;
+  c.spec.softmax_type = SoftmaxType::learnable;
+  v.push_back(c);
+  c = {"sbhd_mqa_dropout_prefill", base(70, 150, 128, 128), {}, {}, {}, 0};
+  c.spec.layout = Layout::sbhd;
+  c.spec.heads_q = 6;
+  c.spec.heads_kv = 1;
+  c.spec.dropout_p = 0.2;
+  v.push_back(c);
+  return v;
+}
+
+// The case as an f32 problem (a paged case's pools live in `pages`).
+testing::Problem f32_problem(const Kv8Case& c, testing::PagedProblem& pages) {
+  if (c.page == 0) return testing::make_problem(c.spec, 17, c.lens_q, c.lens_kv);
+  pages = testing::make_paged(c.spec, c.page, c.lens_kv, c.leftpad, 17);
+  return testing::paged_as_problem(pages);
+}
+
+using Param = std::tuple<Kv8Case, DType, KVScale>;
+
+std::string case_name(const Param& p) {
+  return std::get<0>(p).name + "_" + std::string(to_string(std::get<1>(p))) + "_" +
+         std::string(to_string(std::get<2>(p)));
+}
+
+class Kv8Kernels : public ::testing::TestWithParam<Param> {};
+
+TEST_P(Kv8Kernels, DecodeAndFlashMatchReferenceOnDequantizedKV) {
+  const auto& [c, kv, layout] = GetParam();
+  testing::PagedProblem pages;
+  const testing::Problem f32 = f32_problem(c, pages);
+  std::uint64_t seed = 5;
+  for (DType q : {DType::f32, DType::bf16, DType::f16}) {
+    const testing::Kv8Problem k = testing::quantize_problem(f32, q, kv, layout, ++seed);
+    for (const auto& backend : {make_decode_backend(), make_flash_backend()}) {
+      const Support fwd = backend->check(k.q8.spec, Pass::forward);
+      ASSERT_TRUE(fwd.ok()) << backend->name() << ": " << fwd.to_string();
+      // Backward is refused by the per-pass check, naming kv_dtype.
+      const Support bwd = backend->check(k.q8.spec, Pass::backward);
+      ASSERT_FALSE(bwd.ok());
+      EXPECT_NE(bwd.to_string().find("kv_dtype"), std::string::npos) << bwd.to_string();
+      const testing::PassResults got = testing::run_backend(*backend, k.q8, false);
+      testing::expect_kv8_within_rule(got, k, std::string(backend->name()) + " q=" + std::string(to_string(q)));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, Kv8Kernels,
+    ::testing::Combine(::testing::ValuesIn(cases()), ::testing::Values(DType::fp8_e4m3, DType::fp8_e5m2, DType::i8),
+                       ::testing::Values(KVScale::none, KVScale::per_tensor, KVScale::per_head, KVScale::per_token)),
+    [](const auto& param_info) { return case_name(param_info.param); });
+
+// The codes' NaN (e4m3, e5m2) and infinity (e5m2) follow the non-finite rules
+// of docs/semantics.md as a bf16 cache would: a NaN key makes the rows that
+// see it NaN and no other row.
+TEST(Kv8NonFinite, NanCodeReachesOnlyTheRowsThatSeeIt) {
+  AttentionSpec s = base(4, 40, 64, 64);
+  s.batch = 1;
+  s.causal = true;
+  const testing::Problem f32 = testing::make_problem(s, 3);
+  for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+    testing::Kv8Problem k = testing::quantize_problem(f32, DType::f32, kv, KVScale::per_head, 9);
+    // Key 38 of kv head 0 (bshd): queries 2 and 3 of heads 0, 1 see it (Sk - Sq = 36).
+    k.q8.k.as<std::uint8_t>()[(38 * s.heads_kv + 0) * s.head_dim_qk + 5] = 0x7f;
+    for (const auto& backend : {make_decode_backend(), make_flash_backend()}) {
+      const testing::PassResults got = testing::run_backend(*backend, k.q8, false);
+      for (std::int64_t i = 0; i < 4; ++i) {
+        for (std::int64_t h = 0; h < s.heads_q; ++h) {
+          const double x = testing::element(got.out, (i * s.heads_q + h) * s.head_dim_v);
+          EXPECT_EQ(std::isnan(x), i >= 2 && h < 2)
+              << backend->name() << " " << to_string(kv) << " row " << i << " head " << h;
+        }
+      }
+    }
+  }
+}
+
+// Every finite code through each family's widening loads: with one key, P = 1
+// and the output row is V's row exactly (f32 queries), so out[d] must be the
+// code's value times its scale, bit for bit, at every position of a vector.
+TEST(Kv8Codes, EveryFiniteCodeWidensExactly) {
+  AttentionSpec s = base(1, 1, 16, 256);
+  s.batch = 1;
+  s.heads_q = s.heads_kv = 1;
+  s.kv_scale = KVScale::per_tensor;
+  for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2, DType::i8}) {
+    s.kv_dtype = kv;
+    Tensor q = Tensor::zeros(DType::f32, {1, 1, 1, 16}), k = Tensor::zeros(kv, {1, 1, 1, 16}),
+           v = Tensor::zeros(kv, {1, 1, 1, 256});
+    Tensor ks = Tensor::zeros(DType::f32, {1}), vs = Tensor::zeros(DType::f32, {1});
+    ks.as<float>()[0] = 1.0f;
+    vs.as<float>()[0] = 0.75f;
+    for (int c = 0; c < 256; ++c) {
+      const bool finite = kv == DType::i8         ? c != 0x80
+                          : kv == DType::fp8_e4m3 ? (c & 0x7f) != 0x7f
+                                                  : ((c & 0x7f) >> 2) != 31;
+      v.as<std::uint8_t>()[c] = finite ? static_cast<std::uint8_t>(c) : 0;
+    }
+    Inputs in;
+    in.q = q;
+    in.k = k;
+    in.v = v;
+    in.k_scale = ks;
+    in.v_scale = vs;
+    for (const auto& backend : {make_decode_backend(), make_flash_backend()}) {
+      Tensor out = Tensor::zeros(DType::f32, {1, 1, 1, 256}), lse = Tensor::zeros(DType::f32, {1, 1, 1});
+      backend->forward(ForwardArgs{s, in, out, lse});
+      for (int c = 0; c < 256; ++c) {
+        const float want = static_cast<float>(testing::code_value(v.view(), c)) * 0.75f;
+        EXPECT_EQ(out.as<float>()[c], want) << backend->name() << " " << to_string(kv) << " code " << c;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attend
