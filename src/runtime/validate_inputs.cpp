@@ -197,24 +197,25 @@ Dims scale_shape(const AttentionSpec& s, Role role, const Inputs& in) {
 void check_scales(const AttentionSpec& s, const Inputs& in) {
   for (const auto& [name, t] : {std::pair{"k_scale", &in.k_scale}, std::pair{"v_scale", &in.v_scale}}) {
     const auto* base = t->as<const float>();
-    const auto check = [&](std::int64_t offset, const auto& index) {
+    // The indices are formatted only for a bad scale: this runs once per
+    // (token, kv head) of every call over a per-token cache.
+    const auto check = [&](std::int64_t offset, auto... index) {
       const float x = base[offset];
-      if (std::isfinite(x) && x > 0.0f) return;
+      if (std::isfinite(x) && x > 0.0f) [[likely]] {
+        return;
+      }
+      std::string where;
+      ((where += "[" + std::to_string(index) + "]"), ...);
       std::ostringstream os;
       os << x;
-      throw Error(ErrorCode::invalid_argument, std::string(name) + index(), os.str(),
+      throw Error(ErrorCode::invalid_argument, std::string(name) + where, os.str(),
                   "a K/V scale must be finite and > 0 (the value a code stands for is code * scale)");
     };
-    const auto at = [](auto... i) {
-      std::string r;
-      ((r += "[" + std::to_string(i) + "]"), ...);
-      return [r] { return r; };
-    };
     if (s.kv_scale == KVScale::per_tensor) {
-      check(0, at(0));
+      check(0, 0);
     } else if (s.kv_scale == KVScale::per_head) {
       for (std::int64_t b = 0; b < s.batch; ++b)
-        for (std::int64_t h = 0; h < s.heads_kv; ++h) check(b * t->strides[0] + h * t->strides[1], at(b, h));
+        for (std::int64_t h = 0; h < s.heads_kv; ++h) check(b * t->strides[0] + h * t->strides[1], b, h);
     } else if (s.paged()) {
       const TensorView& bt = in.block_table;
       const auto* table = bt.as<const std::int32_t>();
@@ -226,7 +227,7 @@ void check_scales(const AttentionSpec& s, const Inputs& in) {
         for (std::int64_t tok = begin; tok < end; ++tok) {
           const std::int64_t page = table[b * bt.strides[0] + tok / ps * bt.strides[1]];
           for (std::int64_t h = 0; h < s.heads_kv; ++h) {
-            check(page * t->strides[0] + tok % ps * t->strides[1] + h * t->strides[2], at(page, tok % ps, h));
+            check(page * t->strides[0] + tok % ps * t->strides[1] + h * t->strides[2], page, tok % ps, h);
           }
         }
       }
@@ -241,9 +242,9 @@ void check_scales(const AttentionSpec& s, const Inputs& in) {
           for (std::int64_t l = 0; l < n2; ++l) {
             const std::int64_t off = i * t->strides[0] + j * t->strides[1] + (t->ndim == 3 ? l * t->strides[2] : 0);
             if (t->ndim == 3)
-              check(off, at(i, j, l));
+              check(off, i, j, l);
             else
-              check(off, at(i, j));
+              check(off, i, j);
           }
     }
   }

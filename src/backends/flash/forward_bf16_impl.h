@@ -13,6 +13,10 @@
 // of keys, and P — rounded to bf16, as FlashAttention does on GPUs — by pairs
 // of keys as well. Scores, softmax statistics, the output accumulator and the
 // LSE stay f32; the row sums use the unrounded P.
+// An 8-bit K/V (KV = fp8_e4m3_t, fp8_e5m2_t, int8_t) is packed from its codes,
+// each exact in bf16, and its scales act on the f32 tiles: K's multiplies the
+// key's row of S^T (with the softmax scale), V's the key's row of P^T before P
+// is rounded to pairs (the row sums keep the unscaled P).
 // Included inside the avx512bf16 + AMX target region of isa_avx512.cpp, after
 // forward_impl.h (it shares its logit and softmax helpers).
 #pragma once
@@ -38,6 +42,13 @@ template <class S>
 std::int64_t forward_bf16_extra_floats(std::int64_t, std::int64_t dv) {
   using T = KernelTraits<S>;
   return T::fwd_n / 2 * T::fwd_m + 16 * (T::fwd_m + T::fwd_n) + T::fwd_n / 2 * round_up(dv, S::W);
+}
+
+// An 8-bit K/V also holds a block of V's codes as bf16 rows (dvp apart).
+template <class S>
+std::int64_t forward_bf16_q8_extra_floats(std::int64_t dqk, std::int64_t dv) {
+  using T = KernelTraits<S>;
+  return forward_bf16_extra_floats<S>(dqk, dv) + T::fwd_n * round_up(dv, S::W) / 2;
 }
 
 // dst[pp * ldd + r] = (src[r][2pp], src[r][2pp + 1]) as one word, for pp < kp
@@ -67,9 +78,28 @@ inline void pack_pairs_transposed(const detail::bf16_t* src, std::int64_t ld, st
   }
 }
 
-template <class S, class Tiles = void>
+// n codes as bf16 (exact: every 8-bit code is a bf16), 16 at a time through
+// the family's widening loads; a partial vector goes through a zero-padded copy
+// so that nothing past the row is read.
+template <class S, class KV>
+inline void codes_to_bf16(const KV* src, std::int64_t n, detail::bf16_t* dst) {
+  std::int64_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), (__m256i)_mm512_cvtneps_pbh(detail::load_f32<S>(src + d)));
+  }
+  if (d < n) {
+    KV edge[16] = {};
+    std::copy(src + d, src + n, edge);
+    alignas(32) detail::bf16_t out[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(detail::load_f32<S>(edge)));
+    std::copy(out, out + (n - d), dst + d);
+  }
+}
+
+template <class S, class Tiles = void, class KV = detail::bf16_t>
 void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) {
   constexpr bool kAmx = !std::is_void_v<Tiles>;
+  constexpr bool kQuant = !std::is_same_v<KV, detail::bf16_t>;
   static_assert(S::W == 16, "vdpbf16ps kernels are AVX-512 only");
   using Tr = KernelTraits<S>;
   using V = typename S::V;
@@ -98,6 +128,9 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   float* acc2 = alpha + 2 * BM;
   float* sum2 = acc2 + BM * dvp;
   float* scale2 = sum2 + BM;
+  // An 8-bit V's block of codes as bf16 rows, dvp apart (forward_bf16_q8_extra_floats),
+  // which the pairs below read as they read a bf16 V's rows.
+  [[maybe_unused]] auto* vcodes = reinterpret_cast<bf16_t*>(scale2 + BM);
 
   pack_pairs_transposed(p.q_as<bf16_t>() + p.sq.offset(b, span.q_begin + i0, h), p.sq.s, m, mp, dqk, kp, qt2, BM);
   std::fill(row_max, row_max + mp, kNegInf);
@@ -115,7 +148,8 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   // one of them is 0 or inf, and -inf + inf or 0 * inf would make NaN of
   // the reference max or the exponent; such scales take the logits' path.
   const float raw_to_log2 = p.scale * cpu::kLog2e;
-  const bool raw = plain && std::isnormal(raw_to_log2) && std::isnormal(kLazyGrowth / raw_to_log2) && p.scale > 0;
+  const bool raw =
+      !kQuant && plain && std::isnormal(raw_to_log2) && std::isnormal(kLazyGrowth / raw_to_log2) && p.scale > 0;
   const float to_log2 = raw ? raw_to_log2 : cpu::kLog2e;
   const __mmask16 dv_tail = static_cast<__mmask16>((1u << (dv % 16)) - 1u);
   // A block adds to an accumulator element once per key pair (vdpbf16ps), or
@@ -155,11 +189,23 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     for (std::int64_t j = 0; j < n; ++j) {
       std::uint32_t* row = kblk2 + j * kp;
       std::fill(row + dqk / 2, row + kp, 0u);  // the odd head dim's missing half, AMX padding
-      std::memcpy(row, p.k_row<bf16_t>(b, span, j0 + j, hk), static_cast<std::size_t>(dqk) * sizeof(bf16_t));
+      if constexpr (kQuant) {
+        codes_to_bf16<S>(p.k_row<KV>(b, span, j0 + j, hk), dqk, reinterpret_cast<bf16_t*>(row));
+        codes_to_bf16<S>(p.v_row<KV>(b, span, j0 + j, hk), dv, vcodes + j * dvp);
+      } else {
+        std::memcpy(row, p.k_row<bf16_t>(b, span, j0 + j, hk), static_cast<std::size_t>(dqk) * sizeof(bf16_t));
+      }
     }
+    const auto v_bf16 = [&](std::int64_t j) -> const bf16_t* {
+      if constexpr (kQuant) {
+        return vcodes + j * dvp;
+      } else {
+        return p.v_row<bf16_t>(b, span, j0 + j, hk);
+      }
+    };
     for (std::int64_t pp = 0; pp < np; ++pp) {
-      const bf16_t* v0 = p.v_row<bf16_t>(b, span, j0 + 2 * pp, hk);
-      const bf16_t* v1 = 2 * pp + 1 < n ? p.v_row<bf16_t>(b, span, j0 + 2 * pp + 1, hk) : nullptr;
+      const bf16_t* v0 = v_bf16(2 * pp);
+      const bf16_t* v1 = 2 * pp + 1 < n ? v_bf16(2 * pp + 1) : nullptr;
       std::uint32_t* dst = vv2 + pp * dvp;
       for (std::int64_t d = 0; d < dvp; d += 16) {
         const __mmask16 mask = d + 16 <= dv ? static_cast<__mmask16>(0xffff) : dv_tail;
@@ -169,8 +215,8 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
       }
     }
     for (std::int64_t j = j0 + BN; j < std::min(j0 + 2 * BN, last.end); ++j) {
-      prefetch_row(p.k_row<bf16_t>(b, span, j, hk), dqk);
-      prefetch_row(p.v_row<bf16_t>(b, span, j, hk), dv);
+      prefetch_row(p.k_row<KV>(b, span, j, hk), dqk);
+      prefetch_row(p.v_row<KV>(b, span, j, hk), dv);
     }
     // Only the queries that see some key of this block take part, [c0, c1)
     // widened to whole vectors (forward_impl.h); AMX tiles take all of them.
@@ -200,8 +246,10 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     // Raw scores (no scaling pass) where nothing but the mask acts on them:
     // softmax_to_pairs folds the scale into its exponent (softmax_pairs.h).
     if (!raw) {
-      const V vscale = S::set1(p.scale);
       for (std::int64_t j = 0; j < n; ++j) {
+        float scale = p.scale;
+        if constexpr (kQuant) scale *= p.kscale.at(p.pages, b, span.kv_begin + j0 + j, hk);
+        const V vscale = S::set1(scale);
         for (std::int64_t c = c0; c < c1; c += S::W)
           S::store(st + j * BM + c, S::mul(S::load(st + j * BM + c), vscale));
       }
@@ -211,9 +259,8 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
 
     // A NaN or infinite v would reach masked queries through the GEMM
     // (nonfinite_tile.h): visible_pv then reads the f32 P, as dropout does.
-    const bool v_finite =
-        rows_finite<S, bf16_t>(n, dv, [&](std::int64_t j) { return p.v_row<bf16_t>(b, span, j0 + j, hk); });
-    float* keep_p = (p.dropout || !v_finite) ? st : nullptr;
+    const bool v_finite = rows_finite<S, bf16_t>(n, dv, [&](std::int64_t j) { return v_bf16(j); });
+    float* keep_p = (kQuant || p.dropout || !v_finite) ? st : nullptr;
     if (softmax_to_pairs(st, BM, n, c0, c1, to_log2, row_max, row_sum, alpha, pt2, BM, keep_p)) {
       if constexpr (kAmx) {
         for (std::int64_t c = 0; c < mp; c += S::W) {
@@ -232,9 +279,16 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
         }
       }
     }
-    if (p.dropout) {
-      // Dropout acts on P after the sums, then P is rounded to pairs again.
-      apply_dropout(p, tile);
+    if (p.dropout || kQuant) {
+      // Dropout acts on P after the sums, and an 8-bit V's scales weigh its
+      // code rows; then P is rounded to pairs again.
+      if (p.dropout) apply_dropout(p, tile);
+      if constexpr (kQuant) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          const V vs = S::set1(p.vscale.at(p.pages, b, span.kv_begin + j0 + j, hk));
+          for (std::int64_t c = c0; c < c1; c += S::W) S::store(st + j * BM + c, S::mul(S::load(st + j * BM + c), vs));
+        }
+      }
       for (std::int64_t pp = 0; pp < np; ++pp) {
         const float* lo = st + 2 * pp * BM;
         const float* hi = 2 * pp + 1 < n ? lo + BM : nullptr;
@@ -245,7 +299,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
       }
     }
     if (!v_finite) {
-      visible_pv<S, bf16_t>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, kAmx ? 1 : dvp, kAmx ? BM : 1);
+      visible_pv<S, KV>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, kAmx ? 1 : dvp, kAmx ? BM : 1);
     } else if constexpr (kAmx) {
       // V^T as pairs of keys: vt[d][p] = (v[2p][d], v[2p+1][d]), built 16 x 16
       // words at a time from vv2's rows and transposed in registers.

@@ -65,6 +65,25 @@ KernelTable kernels_avx512() {
   return t;
 }
 
+namespace {
+
+// bf16 queries over an 8-bit K/V: the bf16 forward on the codes (exact in
+// bf16), on vdpbf16ps (Tiles = void) or AMX tiles.
+template <class Tiles>
+std::array<DtypeKernels, 3> bf16_q8_kernels(const char* gemms) {
+  const auto one = [&]<class KV>(KV*) {
+    DtypeKernels k;
+    k.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512, Tiles, KV>;
+    k.forward_extra = &isa_avx512::forward_bf16_q8_extra_floats<SimdAvx512>;
+    k.half_gemms = gemms;
+    return k;
+  };
+  return {one(static_cast<detail::fp8_e4m3_t*>(nullptr)), one(static_cast<detail::fp8_e5m2_t*>(nullptr)),
+          one(static_cast<std::int8_t*>(nullptr))};
+}
+
+}  // namespace
+
 // avx512 with the bf16 forward and backward on vdpbf16ps; everything else is avx512's.
 KernelTable kernels_avx512bf16() {
   KernelTable t = kernels_avx512();
@@ -74,6 +93,7 @@ KernelTable kernels_avx512bf16() {
   t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, void>;
   t.bf16.backward_extra = &isa_avx512::backward_bf16_extra_floats<SimdAvx512>;
   t.bf16.half_gemms = "AVX512-BF16 (vdpbf16ps)";
+  t.q8[1] = bf16_q8_kernels<void>("AVX512-BF16 (vdpbf16ps) on the codes as bf16");
   return t;
 }
 
@@ -86,6 +106,7 @@ KernelTable with_amx_tiles(std::string_view isa, const char* gemms) {
   t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512, Tiles>;
   t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, Tiles>;
   t.bf16.half_gemms = gemms;
+  t.q8[1] = bf16_q8_kernels<Tiles>(gemms);
   return t;
 }
 
