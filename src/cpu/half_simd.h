@@ -62,9 +62,9 @@ inline typename S::V load_f32(const f16_t* p) {
 // The 8-bit K/V codes (kernel/quant8.h), widened exactly: W bytes read.
 //   i8   -> f32: sign-extend and convert.
 //   e5m2 -> f32: the byte is an f16's upper half; vcvtph2ps.
-//   e4m3 -> f32: its magnitude bits shifted into an f16 (exponent 4 of 5 bits,
-//   mantissa 3 of 10) are 2^-8 times its value, subnormals included, so
-//   vcvtph2ps and a multiply by 256 (exact) widen it; S.1111.111 is NaN.
+//   e4m3 -> f32: its bits moved into an f16 (exponent 4 of 5 bits, mantissa 3
+//   of 10) are 2^-8 times its value, subnormals included, so vcvtph2ps and a
+//   multiply by 256 (exact) widen it; S.1111.111 is NaN.
 template <class S>
 inline typename S::V load_f32(const std::int8_t* p) {
 #if defined(__x86_64__)
@@ -99,22 +99,25 @@ inline typename S::V load_f32(const fp8_e5m2_t* p) {
 
 template <class S>
 inline typename S::V load_f32(const fp8_e4m3_t* p) {
+  // Sign-extended to 16 bits and shifted left by 7, a code's magnitude bits
+  // land on an f16's bits 7..13 and its sign on bits 14 and 15: clearing bit
+  // 14 leaves the f16 that is 2^-8 times the code's value (subnormals too).
+  // A NaN code (magnitude 0x7f) is the f16 0x3f80 (times 256: 480) and is
+  // put back to NaN by one compare.
 #if defined(__x86_64__)
   if constexpr (S::W == 16) {
-    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m256i mag = _mm256_and_si256(w, _mm256_set1_epi16(0x7f));
-    const __m256i h =
-        _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+    const __m256i w = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 7);
+    const __m256i h = _mm256_and_si256(w, _mm256_set1_epi16(static_cast<short>(0xbf80)));
     const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
-    const __m512i nan = _mm512_cvtepi16_epi32(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f)));
-    return _mm512_mask_mov_ps(f, _mm512_test_epi32_mask(nan, nan),
-                              _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+    const __m512i mag = _mm512_cvtepu16_epi32(_mm256_and_si256(h, _mm256_set1_epi16(0x3f80)));
+    const __mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x3f80));
+    return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
   } else if constexpr (S::W == 8) {
-    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7f));
-    const __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+    const __m128i w = _mm_slli_epi16(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))), 7);
+    const __m128i h = _mm_and_si128(w, _mm_set1_epi16(static_cast<short>(0xbf80)));
     const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f))));
+    const __m128i mag = _mm_and_si128(h, _mm_set1_epi16(0x3f80));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80))));
     return _mm256_blendv_ps(f, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()), nan);
   } else
 #endif

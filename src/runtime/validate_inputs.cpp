@@ -1,6 +1,9 @@
 // Tensor validation: every view a backend will read or write is checked against
 // the spec before any kernel runs, so kernels may index without bounds checks.
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -192,13 +195,20 @@ Dims scale_shape(const AttentionSpec& s, Role role, const Inputs& in) {
 // Every scale a forward will read must be finite and > 0: a zero, negative or
 // NaN scale would turn the cache's codes into garbage silently. Per-token
 // scales are checked for the tokens the sequences read (paged: through the
-// block table), which costs one float per (token, kv head) against the
-// head_dim bytes of each code row.
+// block table). This runs on every decode step over the whole cache, so runs
+// of contiguous scales are checked by a loop without branches (vectorized)
+// and the index of a bad scale is found only after one fails.
+bool scales_ok(const float* x, std::int64_t n) {
+  // A positive finite float's bits lie in [1, 0x7f7fffff]; minus one, as
+  // unsigned, zero and negatives wrap above and inf/NaN stay above: one max.
+  std::uint32_t worst = 0;
+  for (std::int64_t i = 0; i < n; ++i) worst = std::max(worst, std::bit_cast<std::uint32_t>(x[i]) - 1u);
+  return worst < 0x7f7fffffu;
+}
+
 void check_scales(const AttentionSpec& s, const Inputs& in) {
   for (const auto& [name, t] : {std::pair{"k_scale", &in.k_scale}, std::pair{"v_scale", &in.v_scale}}) {
     const auto* base = t->as<const float>();
-    // The indices are formatted only for a bad scale: this runs once per
-    // (token, kv head) of every call over a per-token cache.
     const auto check = [&](std::int64_t offset, auto... index) {
       const float x = base[offset];
       if (std::isfinite(x) && x > 0.0f) [[likely]] {
@@ -219,16 +229,23 @@ void check_scales(const AttentionSpec& s, const Inputs& in) {
     } else if (s.paged()) {
       const TensorView& bt = in.block_table;
       const auto* table = bt.as<const std::int32_t>();
-      const std::int64_t ps = s.kv_page_size;
+      const std::int64_t ps = s.kv_page_size, hk = s.heads_kv;
+      // A page's rows [r0, r1) of every head: one contiguous run when the pool is.
+      const bool dense = t->strides[2] == 1 && t->strides[1] == hk;
       for (std::int64_t b = 0; b < s.batch; ++b) {
         const std::int64_t end = in.cache_seqlens.as<const std::int32_t>()[b * in.cache_seqlens.strides[0]];
         const std::int64_t begin =
             s.kv_leftpad ? in.cache_leftpad.as<const std::int32_t>()[b * in.cache_leftpad.strides[0]] : 0;
-        for (std::int64_t tok = begin; tok < end; ++tok) {
+        for (std::int64_t tok = begin; tok < end;) {
           const std::int64_t page = table[b * bt.strides[0] + tok / ps * bt.strides[1]];
-          for (std::int64_t h = 0; h < s.heads_kv; ++h) {
-            check(page * t->strides[0] + tok % ps * t->strides[1] + h * t->strides[2], page, tok % ps, h);
+          const std::int64_t r0 = tok % ps, r1 = std::min(ps, r0 + (end - tok));
+          const std::int64_t off = page * t->strides[0] + r0 * t->strides[1];
+          if (!dense || !scales_ok(base + off, (r1 - r0) * hk)) {
+            for (std::int64_t r = r0; r < r1; ++r)
+              for (std::int64_t h = 0; h < hk; ++h)
+                check(page * t->strides[0] + r * t->strides[1] + h * t->strides[2], page, r, h);
           }
+          tok += r1 - r0;
         }
       }
     } else {
@@ -237,15 +254,19 @@ void check_scales(const AttentionSpec& s, const Inputs& in) {
       std::int64_t n0 = t->shape[0];
       if (s.varlen()) n0 = in.cu_seqlens_kv.as<const std::int32_t>()[s.batch * in.cu_seqlens_kv.strides[0]];
       const std::int64_t n1 = t->shape[1], n2 = t->ndim == 3 ? t->shape[2] : 1;
-      for (std::int64_t i = 0; i < n0; ++i)
-        for (std::int64_t j = 0; j < n1; ++j)
+      const std::int64_t s2 = t->ndim == 3 ? t->strides[2] : 1;
+      for (std::int64_t i = 0; i < n0; ++i) {
+        for (std::int64_t j = 0; j < n1; ++j) {
+          const std::int64_t off = i * t->strides[0] + j * t->strides[1];
+          if (s2 == 1 && scales_ok(base + off, n2)) continue;
           for (std::int64_t l = 0; l < n2; ++l) {
-            const std::int64_t off = i * t->strides[0] + j * t->strides[1] + (t->ndim == 3 ? l * t->strides[2] : 0);
             if (t->ndim == 3)
-              check(off, i, j, l);
+              check(off + l * s2, i, j, l);
             else
               check(off, i, j);
           }
+        }
+      }
     }
   }
 }

@@ -51,7 +51,8 @@ constexpr int tile_keys() {
 // R * KB accumulators hide the FMA latency and are summed by one
 // transpose-and-add tree, whose vector of sums is stored row by row.
 template <int R, int KB, class E>
-inline void dot_tile(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk, float* s) {
+[[gnu::always_inline]] inline void dot_tile(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk,
+                                            float* s) {
   constexpr int RS = W == 1 ? R : W / KB;  // rows of the tile's shape
   static_assert(R <= RS && (W == 1 || RS * KB == W));
   const std::int64_t dvec = dqk / W * W;
@@ -195,8 +196,9 @@ inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* co
 // acc_r += sum_j p[r][j] * v_j for R rows; each V load serves R rows. The
 // panel at d = 0 asks for the next block's V row j beside its own row j.
 template <int R, int NV, class E>
-inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p, const E* const* v, std::int64_t n,
-                             float* acc, std::int64_t lda, const NextBlock<E>& next, std::int64_t dv) {
+[[gnu::always_inline]] inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p,
+                                                    const E* const* v, std::int64_t n, float* acc, std::int64_t lda,
+                                                    const NextBlock<E>& next, std::int64_t dv) {
   for (; d + NV * W <= dvec; d += NV * W) {
     V a[R][NV];
     for (int r = 0; r < R; ++r)

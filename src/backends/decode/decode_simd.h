@@ -18,8 +18,11 @@ namespace attend::decode::simd {
 // tree (log2 W rounds) instead of W horizontal sums, which would each spend
 // log2 W shuffle/add pairs on a single score. The order of the additions is
 // fixed, so the result does not depend on where a tile sits in a block.
+// Always inlined (as the tile stores below): called out of line, its array
+// argument forces the tile's accumulators through memory (14 % of a decode
+// step on f16 and 8-bit caches, where the kernels grew past GCC's inlining).
 template <class S>
-inline typename S::V sum_lanes(const typename S::V* x) {
+[[gnu::always_inline]] inline typename S::V sum_lanes(const typename S::V* x) {
 #if defined(__x86_64__)
   if constexpr (S::W == 16) {
     __m512 t[8];
@@ -60,7 +63,7 @@ inline typename S::V sum_lanes(const typename S::V* x) {
 
 // dst[0, KB) = lanes [r * KB, (r + 1) * KB) of v, straight from the register.
 template <class S, int KB, int r>
-inline void store_lanes(float* dst, typename S::V v) {
+[[gnu::always_inline]] inline void store_lanes(float* dst, typename S::V v) {
   static_assert(KB * (r + 1) <= S::W);
 #if defined(__x86_64__)
   if constexpr (S::W == KB) {
@@ -88,8 +91,10 @@ inline void store_lanes(float* dst, typename S::V v) {
 
 // Row r of an R x KB tile of sums (lane r * KB + c of v) to s[r * ld + c], for r < rows.
 template <class S, int KB, int R>
-inline void store_tile(float* s, std::int64_t ld, typename S::V v) {
-  [&]<int... r>(std::integer_sequence<int, r...>) { (store_lanes<S, KB, r>(s + r * ld, v), ...); }
+[[gnu::always_inline]] inline void store_tile(float* s, std::int64_t ld, typename S::V v) {
+  [&]<int... r>(std::integer_sequence<int, r...>) [[gnu::always_inline]] {
+    (store_lanes<S, KB, r>(s + r * ld, v), ...);
+  }
   (std::make_integer_sequence<int, R>{});
 }
 
