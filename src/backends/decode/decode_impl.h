@@ -94,11 +94,16 @@ template <int R, int KB, class E>
 // multiplies the f32 sums, as in flash's bf16 kernels; vdpbf16ps reads bf16
 // denormals as 0. ldq counts bf16 elements; K's last partial vector is a
 // masked load, so nothing past a row is read.
+// An 8-bit cache (KV = fp8_e4m3_t, fp8_e5m2_t, int8_t) with bf16 queries takes
+// the same path: 32 codes are widened (cpu/half_simd.h) and rounded to bf16,
+// exactly (every code is a bf16), 1 instruction per 32 codes on top of the
+// widening instead of a second f32 FMA per row; the partial vector goes
+// through a zero-padded copy.
 inline constexpr bool kPairScores = true;
 
-template <int R, int KB>
-inline void dot_tile_pairs(const detail::bf16_t* q, std::int64_t ldq, const detail::bf16_t* const* k, std::int64_t dqk,
-                           float scale, float* s) {
+template <int R, int KB, class KV>
+[[gnu::always_inline]] inline void dot_tile_pairs(const detail::bf16_t* q, std::int64_t ldq, const KV* const* k,
+                                                  std::int64_t dqk, float scale, float* s) {
   constexpr int RS = W / KB;
   constexpr std::int64_t kPerVec = 2 * W;  // bf16 per vector
   static_assert(W == 16 && R <= RS && RS * KB == W);
@@ -106,7 +111,17 @@ inline void dot_tile_pairs(const detail::bf16_t* q, std::int64_t ldq, const deta
   for (int i = 0; i < RS * KB; ++i) acc[i] = Simd::zero();
   const auto step = [&](std::int64_t d, __mmask32 live) {
     __m512bh kv[KB];
-    for (int c = 0; c < KB; ++c) kv[c] = (__m512bh)_mm512_maskz_loadu_epi16(live, k[c] + d);
+    for (int c = 0; c < KB; ++c) {
+      if constexpr (std::is_same_v<KV, detail::bf16_t>) {
+        kv[c] = (__m512bh)_mm512_maskz_loadu_epi16(live, k[c] + d);
+      } else if (live == ~__mmask32{0}) {
+        kv[c] = _mm512_cvtne2ps_pbh(load_f32<Simd>(k[c] + d + W), load_f32<Simd>(k[c] + d));
+      } else {
+        KV edge[2 * W] = {};
+        std::copy(k[c] + d, k[c] + dqk, edge);
+        kv[c] = _mm512_cvtne2ps_pbh(load_f32<Simd>(edge + W), load_f32<Simd>(edge));
+      }
+    }
     for (int r = 0; r < R; ++r) {
       const auto qv = (__m512bh)_mm512_loadu_si512(q + r * ldq + d);
       for (int c = 0; c < KB; ++c) acc[r * KB + c] = _mm512_dpbf16_ps(acc[r * KB + c], qv, kv[c]);
@@ -121,9 +136,10 @@ inline void dot_tile_pairs(const detail::bf16_t* q, std::int64_t ldq, const deta
 inline constexpr bool kPairScores = false;
 #endif
 
-// Whether a cache of E takes dot_tile_pairs; its q rows then hold E as given.
-template <class E>
-inline constexpr bool pair_scores = (kPairScores && std::is_same_v<E, detail::bf16_t>);
+// Whether q of E over a cache of KV takes dot_tile_pairs; its q rows then hold E as given.
+template <class E, class KV>
+inline constexpr bool pair_scores = kPairScores&& std::is_same_v<E, detail::bf16_t> &&
+                                    (std::is_same_v<KV, E> || sizeof(KV) == 1);
 
 template <class E>
 inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim) {
@@ -146,17 +162,17 @@ struct NextBlock {
   std::int64_t n = 0;  // rows; 0 when there is no next block (or it was asked for)
 };
 
-// q: m rows, ldq floats apart: scale * q in f32, or (pair_scores<E>) q as
-// given in E, unscaled; the scale is then applied to the sums.
-template <int R, class E>
+// q: m rows, ldq floats apart: scale * q in f32, or (Pairs) q as given in
+// bf16, unscaled; the scale is then applied to the sums.
+template <int R, class E, bool Pairs>
 inline void score_rows(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk,
                        [[maybe_unused]] float scale, float* s, const NextBlock<E>& next) {
   constexpr int KB = tile_keys<R>();
   static_assert(kBlockN % KB == 0);
   for (std::int64_t c = 0; c < kBlockN; c += KB) {
-    if constexpr (pair_scores<E>) {
+    if constexpr (Pairs) {
 #if defined(ATTEND_DECODE_BF16_DOT)
-      dot_tile_pairs<R, KB>(reinterpret_cast<const E*>(q), 2 * ldq, k + c, dqk, scale, s + c);
+      dot_tile_pairs<R, KB, E>(reinterpret_cast<const detail::bf16_t*>(q), 2 * ldq, k + c, dqk, scale, s + c);
 #endif
     } else {
       dot_tile<R, KB, E>(q, ldq, k + c, dqk, s + c);
@@ -178,17 +194,19 @@ inline void scale_scores(float* s, std::int64_t m, const float* ksc) {
 // Rows go four at a time, so the block's K rows are streamed from L1 once per
 // four query rows rather than once per row. The first rows ask for the next
 // block's K rows.
-template <class E>
+template <class E, bool Pairs>
 inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* const* k, std::int64_t dqk, float scale,
                    float* s, NextBlock<E> next) {
   std::int64_t r = 0;
-  for (; r + 4 <= m; r += 4, next.n = 0) score_rows<4, E>(q + r * ldq, ldq, k, dqk, scale, s + r * kBlockN, next);
+  for (; r + 4 <= m; r += 4, next.n = 0) {
+    score_rows<4, E, Pairs>(q + r * ldq, ldq, k, dqk, scale, s + r * kBlockN, next);
+  }
   const float* qr = q + r * ldq;
   float* sr = s + r * kBlockN;
   switch (m - r) {
-    case 3: score_rows<3, E>(qr, ldq, k, dqk, scale, sr, next); break;
-    case 2: score_rows<2, E>(qr, ldq, k, dqk, scale, sr, next); break;
-    case 1: score_rows<1, E>(qr, ldq, k, dqk, scale, sr, next); break;
+    case 3: score_rows<3, E, Pairs>(qr, ldq, k, dqk, scale, sr, next); break;
+    case 2: score_rows<2, E, Pairs>(qr, ldq, k, dqk, scale, sr, next); break;
+    case 1: score_rows<1, E, Pairs>(qr, ldq, k, dqk, scale, sr, next); break;
     default: break;
   }
 }
@@ -330,7 +348,7 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
   const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
   const bool plain = p.softcap == 0 && !p.slopes.data && !p.bias;
-  scores(st.qs, p.plan.dqkp, m, kr, p.dqk, p.scale, st.s, next);
+  scores<KV, pair_scores<E, KV>>(st.qs, p.plan.dqkp, m, kr, p.dqk, p.scale, st.s, next);
   if (ksc) scale_scores(st.s, m, ksc);
   for (std::int64_t i = 0; i < sp.q_len; ++i) {
     const detail::KeyRange vis = p.keys(b, i);
@@ -462,7 +480,7 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
     for (std::int64_t r = 0; r < m; ++r) {
       const std::int64_t i = r / g, h = hk * g + r % g;
       const E* src = static_cast<const E*>(p.q) + p.sq.offset(b, sp.q_begin + i, h);
-      if constexpr (pair_scores<KV>) {                   // KV = bf16 only with E = bf16
+      if constexpr (pair_scores<E, KV>) {                // q as given, bf16
         E* dst = reinterpret_cast<E*>(st.qs + r * ldq);  // 2 * ldq elements
         std::copy(src, src + dqk, dst);
         std::fill(dst + dqk, dst + 2 * ldq, detail::from_f32<E>(0.0f));

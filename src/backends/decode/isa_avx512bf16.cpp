@@ -48,6 +48,10 @@ KernelTable kernels_avx512bf16() {
   KernelTable t = kernels_avx512();
   t.isa = "avx512bf16";
   t.bf16 = isa_avx512bf16::kernels_of<detail::bf16_t>();
+  // bf16 queries over an 8-bit cache: scores on vdpbf16ps too (the codes as bf16).
+  t.q8[1] = {isa_avx512bf16::kernels_of<detail::bf16_t, detail::fp8_e4m3_t>(),
+             isa_avx512bf16::kernels_of<detail::bf16_t, detail::fp8_e5m2_t>(),
+             isa_avx512bf16::kernels_of<detail::bf16_t, std::int8_t>()};
   return t;
 }
 
