@@ -93,17 +93,15 @@ template <int R, int KB, class E>
 // query as given (bf16, unscaled, zero-padded to whole vectors) and the scale
 // multiplies the f32 sums, as in flash's bf16 kernels; vdpbf16ps reads bf16
 // denormals as 0. ldq counts bf16 elements; K's last partial vector is a
-// masked load, so nothing past a row is read.
-// An 8-bit cache (KV = fp8_e4m3_t, fp8_e5m2_t, int8_t) with bf16 queries takes
-// the same path: 32 codes are widened (cpu/half_simd.h) and rounded to bf16,
-// exactly (every code is a bf16), 1 instruction per 32 codes on top of the
-// widening instead of a second f32 FMA per row; the partial vector goes
-// through a zero-padded copy.
+// masked load, so nothing past a row is read. (An 8-bit cache with bf16
+// queries comes here too, its block's codes converted to bf16 rows first:
+// split_task.)
 inline constexpr bool kPairScores = true;
 
-template <int R, int KB, class KV>
-[[gnu::always_inline]] inline void dot_tile_pairs(const detail::bf16_t* q, std::int64_t ldq, const KV* const* k,
-                                                  std::int64_t dqk, float scale, float* s) {
+template <int R, int KB>
+[[gnu::always_inline]] inline void dot_tile_pairs(const detail::bf16_t* q, std::int64_t ldq,
+                                                  const detail::bf16_t* const* k, std::int64_t dqk, float scale,
+                                                  float* s) {
   constexpr int RS = W / KB;
   constexpr std::int64_t kPerVec = 2 * W;  // bf16 per vector
   static_assert(W == 16 && R <= RS && RS * KB == W);
@@ -111,17 +109,7 @@ template <int R, int KB, class KV>
   for (int i = 0; i < RS * KB; ++i) acc[i] = Simd::zero();
   const auto step = [&](std::int64_t d, __mmask32 live) {
     __m512bh kv[KB];
-    for (int c = 0; c < KB; ++c) {
-      if constexpr (std::is_same_v<KV, detail::bf16_t>) {
-        kv[c] = (__m512bh)_mm512_maskz_loadu_epi16(live, k[c] + d);
-      } else if (live == ~__mmask32{0}) {
-        kv[c] = _mm512_cvtne2ps_pbh(load_f32<Simd>(k[c] + d + W), load_f32<Simd>(k[c] + d));
-      } else {
-        KV edge[2 * W] = {};
-        std::copy(k[c] + d, k[c] + dqk, edge);
-        kv[c] = _mm512_cvtne2ps_pbh(load_f32<Simd>(edge + W), load_f32<Simd>(edge));
-      }
-    }
+    for (int c = 0; c < KB; ++c) kv[c] = (__m512bh)_mm512_maskz_loadu_epi16(live, k[c] + d);
     for (int r = 0; r < R; ++r) {
       const auto qv = (__m512bh)_mm512_loadu_si512(q + r * ldq + d);
       for (int c = 0; c < KB; ++c) acc[r * KB + c] = _mm512_dpbf16_ps(acc[r * KB + c], qv, kv[c]);
@@ -141,6 +129,28 @@ template <class E, class KV>
 inline constexpr bool pair_scores = kPairScores&& std::is_same_v<E, detail::bf16_t> &&
                                     (std::is_same_v<KV, E> || sizeof(KV) == 1);
 
+// What an 8-bit cache's K block is converted to before its block_step: bf16
+// where the scores take vdpbf16ps (bf16 queries), else f32. (V's: f32, which
+// P V then reads with no conversion of its own.)
+template <class E, class KV>
+using Converted = std::conditional_t<pair_scores<E, KV>, detail::bf16_t, float>;
+
+// dst[0, n) = the codes src[0, n) widened exactly (to f32, or bf16: every code is one).
+template <class C, class KV>
+inline void widen_row(const KV* src, std::int64_t n, C* dst) {
+  std::int64_t d = 0;
+  for (; d + W <= n; d += W) {
+    if constexpr (std::is_same_v<C, float>) {
+      Simd::store(dst + d, load_f32<Simd>(src + d));
+    } else {
+#if defined(ATTEND_DECODE_BF16_DOT)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d), (__m256i)_mm512_cvtneps_pbh(load_f32<Simd>(src + d)));
+#endif
+    }
+  }
+  for (; d < n; ++d) dst[d] = detail::from_f32<C>(to_f32(src[d]));
+}
+
 template <class E>
 inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim) {
   constexpr std::int64_t kLine = 64 / static_cast<std::int64_t>(sizeof(E));  // elements per cache line
@@ -155,24 +165,24 @@ inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim
 // prefetches queue in the core's miss buffers and stall the instructions
 // behind them: a split then took the sum of its compute and memory time,
 // 55 % of the read bandwidth in f32, against 75-87 % spread out.)
-template <class E>
+template <class K, class Vt = K>
 struct NextBlock {
-  const E* const* k = nullptr;
-  const E* const* v = nullptr;
+  const K* const* k = nullptr;
+  const Vt* const* v = nullptr;
   std::int64_t n = 0;  // rows; 0 when there is no next block (or it was asked for)
 };
 
 // q: m rows, ldq floats apart: scale * q in f32, or (Pairs) q as given in
 // bf16, unscaled; the scale is then applied to the sums.
-template <int R, class E, bool Pairs>
+template <int R, class E, bool Pairs, class Next>
 inline void score_rows(const float* q, std::int64_t ldq, const E* const* k, std::int64_t dqk,
-                       [[maybe_unused]] float scale, float* s, const NextBlock<E>& next) {
+                       [[maybe_unused]] float scale, float* s, const Next& next) {
   constexpr int KB = tile_keys<R>();
   static_assert(kBlockN % KB == 0);
   for (std::int64_t c = 0; c < kBlockN; c += KB) {
     if constexpr (Pairs) {
 #if defined(ATTEND_DECODE_BF16_DOT)
-      dot_tile_pairs<R, KB, E>(reinterpret_cast<const detail::bf16_t*>(q), 2 * ldq, k + c, dqk, scale, s + c);
+      dot_tile_pairs<R, KB>(reinterpret_cast<const detail::bf16_t*>(q), 2 * ldq, k + c, dqk, scale, s + c);
 #endif
     } else {
       dot_tile<R, KB, E>(q, ldq, k + c, dqk, s + c);
@@ -194,9 +204,9 @@ inline void scale_scores(float* s, std::int64_t m, const float* ksc) {
 // Rows go four at a time, so the block's K rows are streamed from L1 once per
 // four query rows rather than once per row. The first rows ask for the next
 // block's K rows.
-template <class E, bool Pairs>
+template <class E, bool Pairs, class Next>
 inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* const* k, std::int64_t dqk, float scale,
-                   float* s, NextBlock<E> next) {
+                   float* s, Next next) {
   std::int64_t r = 0;
   for (; r + 4 <= m; r += 4, next.n = 0) {
     score_rows<4, E, Pairs>(q + r * ldq, ldq, k, dqk, scale, s + r * kBlockN, next);
@@ -213,10 +223,10 @@ inline void scores(const float* q, std::int64_t ldq, std::int64_t m, const E* co
 
 // acc_r += sum_j p[r][j] * v_j for R rows; each V load serves R rows. The
 // panel at d = 0 asks for the next block's V row j beside its own row j.
-template <int R, int NV, class E>
+template <int R, int NV, class E, class Next>
 [[gnu::always_inline]] inline std::int64_t pv_panel(std::int64_t d, std::int64_t dvec, const float* p,
                                                     const E* const* v, std::int64_t n, float* acc, std::int64_t lda,
-                                                    const NextBlock<E>& next, std::int64_t dv) {
+                                                    const Next& next, std::int64_t dv) {
   for (; d + NV * W <= dvec; d += NV * W) {
     V a[R][NV];
     for (int r = 0; r < R; ++r)
@@ -237,9 +247,9 @@ template <int R, int NV, class E>
 }
 
 // Asks for all of `next`'s V rows (those the panel at d = 0 did not).
-template <int R, class E>
+template <int R, class E, class Next>
 inline void pv_rows(const float* p, const E* const* v, std::int64_t n, std::int64_t dv, float* acc, std::int64_t lda,
-                    const NextBlock<E>& next) {
+                    const Next& next) {
   // R * NV accumulators plus NV loaded vectors must fit the register file
   // (16 on AVX2, 32 on AVX-512).
   constexpr int NV = W == 8 && R > 2 ? 2 : 4;
@@ -341,9 +351,9 @@ inline HeadState carve(const DecodeParams& p, float* base) {
 // scores, mask and logit terms, online softmax, P V; meanwhile the rows of
 // `next` are asked for. ksc/vsc: the keys' scales (an 8-bit cache with
 // scales; kBlockN entries, padding 1), else null.
-template <class E, class KV>
+template <class E, class KV, class VV>
 inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n,
-                       const KV* const* kr, const KV* const* vr, const HeadState& st, NextBlock<KV> next,
+                       const KV* const* kr, const VV* const* vr, const HeadState& st, NextBlock<KV, VV> next,
                        const float* ksc, const float* vsc) {
   const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
@@ -534,9 +544,34 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
         std::fill(ksc + n, ksc + kBlockN, 1.0f);
         std::fill(vsc + n, vsc + kBlockN, 1.0f);
       }
-      block_step<E>(p, b, hk, j0, n, kr, vr, carve(p, scratch + (hk - hk0) * p.plan.head_floats),
-                    NextBlock<KV>{nk, nv, std::max<std::int64_t>(nn, 0)}, scaled ? ksc : nullptr,
-                    scaled ? vsc : nullptr);
+      const HeadState st = carve(p, scratch + (hk - hk0) * p.plan.head_floats);
+      if constexpr (sizeof(KV) == 1) {
+        // An 8-bit block is widened once into rows of C (L1-resident, kBlockN x
+        // (dqkp + dvp)) that all of the group's query rows then read as a
+        // bf16/f32 cache's: widening inside the tiles repeats it for each
+        // tile of 4, 2 or 1 rows. The next block's code rows are asked for here.
+        using C = Converted<E, KV>;
+        float* vc = scratch + p.plan.convert_offset;
+        C* kc = reinterpret_cast<C*>(vc + kBlockN * p.plan.dvp);
+        const C* ck[kBlockN];
+        const float* cv[kBlockN];
+        for (std::int64_t j = 0; j < n; ++j) {
+          if (j < nn) {  // a row at a time (NextBlock's reason)
+            prefetch_rows(nk + j, 1, dqk);
+            prefetch_rows(nv + j, 1, p.dv);
+          }
+          widen_row(kr[j], dqk, kc + j * p.plan.dqkp);
+          widen_row(vr[j], p.dv, vc + j * p.plan.dvp);
+          ck[j] = kc + j * p.plan.dqkp;
+          cv[j] = vc + j * p.plan.dvp;
+        }
+        std::fill(ck + n, ck + kBlockN, ck[0]);
+        block_step<E>(p, b, hk, j0, n, ck, cv, st, NextBlock<C, float>{}, scaled ? ksc : nullptr,
+                      scaled ? vsc : nullptr);
+      } else {
+        block_step<E>(p, b, hk, j0, n, kr, vr, st, NextBlock<KV>{nk, nv, std::max<std::int64_t>(nn, 0)},
+                      scaled ? ksc : nullptr, scaled ? vsc : nullptr);
+      }
     }
   }
 

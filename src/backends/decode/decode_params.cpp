@@ -37,7 +37,8 @@ SplitPlan plan_splits(const AttentionSpec& s) {
   // all of them, within ~1 MiB of scratch.
   constexpr std::int64_t kChunkFloats = std::int64_t{1} << 18;
   p.head_chunk = std::clamp<std::int64_t>(kChunkFloats / std::max<std::int64_t>(p.head_floats, 1), 1, s.heads_kv);
-  p.scratch_floats = sat_mul(p.head_chunk, p.head_floats);
+  p.convert_offset = sat_mul(p.head_chunk, p.head_floats);
+  p.scratch_floats = sat_add(p.convert_offset, sat_mul(kBlockN, p.dqkp + p.dvp));
   p.partial_floats = p.max_splits > 1
                          ? sat_mul(sat_mul(sat_mul(s.batch, s.heads_kv), p.max_splits), sat_mul(p.max_rows, p.dvp + 1))
                          : 0;

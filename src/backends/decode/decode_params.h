@@ -31,6 +31,9 @@ struct SplitPlan {
   std::int64_t head_floats = 0;  // scratch floats of one kv head's rows
   // Floats of per-thread scratch (head_chunk heads), and of the partial outputs + LSEs of all splits.
   std::int64_t scratch_floats = 0;
+  // Where in a thread's scratch an 8-bit cache's block is widened (kBlockN rows
+  // of dqkp, then of dvp, elements: f32 at most), after the heads' rows.
+  std::int64_t convert_offset = 0;
   std::int64_t partial_floats = 0;
 };
 SplitPlan plan_splits(const AttentionSpec& spec);
