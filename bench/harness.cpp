@@ -318,6 +318,8 @@ Inputs ProblemTensors::inputs() const {
   if (slopes.defined()) in.alibi_slopes = slopes;
   if (cu_seqlens_q.defined()) in.cu_seqlens_q = cu_seqlens_q;
   if (cu_seqlens_kv.defined()) in.cu_seqlens_kv = cu_seqlens_kv;
+  if (k_scale.defined()) in.k_scale = k_scale;
+  if (v_scale.defined()) in.v_scale = v_scale;
   if (cache) cache->bind(in);
   return in;
 }
@@ -367,6 +369,9 @@ std::string problem_label(const AttentionSpec& s) {
   if (s.effective_dq_dtype() != s.dtype) l += " dq=" + std::string(to_string(s.effective_dq_dtype()));
   if (s.layout != Layout::bshd && !s.varlen()) l += " " + std::string(to_string(s.layout));
   if (s.paged()) l += " paged(" + std::to_string(s.kv_page_size) + ")";
+  if (s.kv_quantized()) {
+    l += " kv=" + std::string(to_string(s.effective_kv_dtype())) + "/" + std::string(to_string(s.kv_scale));
+  }
   return l;
 }
 

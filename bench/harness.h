@@ -49,6 +49,7 @@ struct ProblemTensors {
   // spec.paged(): the KV cache whose page pools replace k and v as the
   // kernels' inputs (KVCache::bind).
   std::shared_ptr<const KVCache> cache;
+  Tensor k_scale, v_scale;  // 8-bit dense k/v (spec.kv_scale != none): their f32 scales
   Inputs inputs() const;
 };
 // Makes the tensors of a spec. The harness does not generate data itself: the

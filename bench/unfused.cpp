@@ -137,6 +137,9 @@ Support UnfusedAttention::check(const AttentionSpec& s) {
               "dtype=" + std::string(to_string(s.dtype)) + " is not supported by the unfused baseline (f32 only)");
   sup.require(!s.varlen(), ReasonCode::varlen, "varlen (thd layout) is not supported by the unfused baseline");
   sup.require(!s.paged(), ReasonCode::layout, "paged K/V (a KV cache) is not supported by the unfused baseline");
+  sup.require(!s.kv_quantized(), ReasonCode::kv_dtype,
+              "kv_dtype=" + std::string(to_string(s.effective_kv_dtype())) +
+                  ": 8-bit K/V are not supported by the unfused baseline");
   sup.require(s.softcap == 0.0, ReasonCode::softcap, "softcap is not supported by the unfused baseline");
   sup.require(!s.alibi, ReasonCode::alibi, "alibi is not supported by the unfused baseline");
   sup.require(!s.has_bias, ReasonCode::bias, "bias is not supported by the unfused baseline");
