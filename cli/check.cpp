@@ -33,6 +33,24 @@ std::vector<std::byte> workspace_for(const attend::Backend& b, const attend::Att
   return std::vector<std::byte>(b.workspace_bytes(s, pass));
 }
 
+// The values an 8-bit k or v stands for, code * scale, in f64 (exact: a
+// code has at most 4 significant bits beyond i8's 7, a scale 24).
+attend::Tensor dequantize(const attend::AttentionSpec& s, const attend::Inputs& in, const attend::TensorView& codes,
+                          const attend::TensorView& scale) {
+  const Shape shape(codes.shape.begin(), codes.shape.begin() + codes.ndim);
+  attend::Tensor out = zeros(attend::DType::f64, shape);
+  const std::int64_t dim = shape.back(), rows = codes.numel() / dim;
+  const KVScaleIndex index(s, shape, in.cu_seqlens_kv, in.block_table);
+  auto* o = out.as<double>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t i = index(r);
+    // kv_scale none: the codes are the values; a page no sequence owns is never read.
+    const double g = scale.data == nullptr ? 1.0 : i < 0 ? 0.0 : static_cast<const float*>(scale.data)[i];
+    for (std::int64_t j = 0; j < dim; ++j) o[r * dim + j] = load(codes.data, codes.dtype, r * dim + j) * g;
+  }
+  return out;
+}
+
 }  // namespace
 
 double default_tolerance(attend::DType dtype) {
@@ -53,13 +71,22 @@ std::vector<ErrorStats> check_against_reference(const Problem& p, const ProblemD
   s64.out_dtype.reset();
   s64.accumulate_grads = false;  // into zeros, as run provides them: the same gradients
   s64.need_lse = true;
+  // 8-bit K/V: the reference reads the values the codes stand for (code *
+  // scale, exactly), so the check measures the kernel's arithmetic on the
+  // quantized cache, not the quantization error (bench/kv8_error measures that).
+  s64.kv_dtype.reset();
+  s64.kv_scale = attend::KVScale::none;
   const auto ref = attend::make_reference_backend();
 
   // The same inputs with q, k, v (a cache's page pools) and bias in f64; slopes
   // stay f32 and cu_seqlens and the cache's tables i32: they have fixed dtypes.
   attend::Inputs in = data.inputs();
-  const attend::Tensor q64 = convert(in.q, DType::f64), k64 = convert(in.k, DType::f64),
-                       v64 = convert(in.v, DType::f64);
+  const bool kv8 = p.spec.kv_quantized();
+  const attend::Tensor q64 = convert(in.q, DType::f64),
+                       k64 = kv8 ? dequantize(p.spec, in, in.k, in.k_scale) : convert(in.k, DType::f64),
+                       v64 = kv8 ? dequantize(p.spec, in, in.v, in.v_scale) : convert(in.v, DType::f64);
+  in.k_scale = {};
+  in.v_scale = {};
   const attend::Tensor bias64 = data.bias.defined() ? convert(data.bias, DType::f64) : attend::Tensor{};
   in.q = q64;
   in.k = k64;

@@ -18,7 +18,9 @@ struct ErrorStats {
 
 // Converts the inputs to f64 and runs make_reference_backend() directly on an
 // f64 copy of the spec; compares out and lse (when written) and, with
-// `grads`, dq, dk, dv (and dbias).
+// `grads`, dq, dk, dv (and dbias). 8-bit K/V (spec.kv_dtype) enter the
+// reference as the values they stand for, code * scale: the errors are the
+// kernel's on the quantized K/V, without the quantization error.
 std::vector<ErrorStats> check_against_reference(const Problem& p, const ProblemData& data,
                                                 const attend::ForwardResult& fwd,
                                                 const attend::Gradients* grads);

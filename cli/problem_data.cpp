@@ -5,6 +5,8 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <vector>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -228,13 +230,101 @@ void fill_kv_cache(const Problem& p, const DataSources& src, ProblemData& d) {
   c.max_seqlen = stored;
   c.page_size = s.kv_page_size;
   c.dtype = s.dtype;
+  // An 8-bit --kv-dtype: the appends quantize (make_problem fixed kv_scale).
+  if (s.kv_quantized()) {
+    c.kv_dtype = s.kv_dtype;
+    c.kv_scale = s.kv_scale;
+  }
   attend::KVCache cache(c);
   cache.append(d.k, d.v, p.cache_lens);  // empty: every sequence gets all `stored` (= seqlen_kv) tokens
   for (std::int64_t b = 0; b < s.batch; ++b) cache.set_leftpad(b, p.cache_pad(b));
   d.cache = std::make_shared<const attend::KVCache>(std::move(cache));
 }
 
+// Dense 8-bit K/V: each scale is max|x| / the largest code over the rows it
+// scales (1 for all zeros, as attend::KVCache), so no element saturates and
+// each group's largest is exact; kv_scale none stores x's codes unscaled.
+void quantize_dense(const AttentionSpec& s, const Tensor& wide, const attend::TensorView& cu_seqlens_kv, Tensor& codes,
+                    Tensor& scale) {
+  const DType kv = s.effective_kv_dtype();
+  const Shape shape = view_shape(wide.view());
+  const std::int64_t dim = shape.back(), rows = wide.numel() / dim;
+  codes = zeros(kv, shape);
+  if (s.kv_scale == attend::KVScale::none) {
+    for (std::int64_t i = 0; i < wide.numel(); ++i) store(codes.data(), kv, i, load(wide.data(), s.dtype, i));
+    return;
+  }
+  const std::span<const std::int64_t> dims = attend::expected_shape(s, attend::Role::k_scale).span();
+  scale = zeros(DType::f32, Shape(dims.begin(), dims.end()));
+  float* sc = scale.as<float>();
+  const KVScaleIndex index(s, shape, cu_seqlens_kv, {});
+  const double code_max = attend::kv8_value(kv, attend::kv8_code(kv, std::numeric_limits<float>::max()));
+  std::vector<double> amax(static_cast<std::size_t>(scale.numel()), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double& m = amax[static_cast<std::size_t>(index(r))];
+    for (std::int64_t j = 0; j < dim; ++j) m = std::max(m, std::fabs(load(wide.data(), s.dtype, r * dim + j)));
+  }
+  for (std::int64_t i = 0; i < scale.numel(); ++i) {
+    const double m = amax[static_cast<std::size_t>(i)];
+    sc[i] = m > 0.0 ? static_cast<float>(m / code_max) : 1.0f;
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const double g = sc[index(r)];
+    for (std::int64_t j = 0; j < dim; ++j) {
+      store(codes.data(), kv, r * dim + j, load(wide.data(), s.dtype, r * dim + j) / g);
+    }
+  }
+}
+
 }  // namespace
+
+KVScaleIndex::KVScaleIndex(const AttentionSpec& s, const Shape& k_shape, const attend::TensorView& cu_seqlens_kv,
+                           const attend::TensorView& block_table)
+    : spec_(s), shape_(k_shape) {
+  if (s.kv_scale != attend::KVScale::per_head) return;
+  if (s.paged()) {
+    seq_of_.assign(static_cast<std::size_t>(k_shape[0]), -1);
+    const std::int64_t cols = block_table.shape[1];
+    for (std::int64_t b = 0; b < block_table.shape[0]; ++b) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const std::int32_t page = static_cast<const std::int32_t*>(block_table.data)[b * cols + j];
+        if (page >= 0 && page < k_shape[0]) seq_of_[static_cast<std::size_t>(page)] = b;
+      }
+    }
+  } else if (s.layout == attend::Layout::thd) {
+    const auto* cu = static_cast<const std::int32_t*>(cu_seqlens_kv.data);
+    seq_of_.assign(cu, cu + cu_seqlens_kv.numel());
+  }
+}
+
+std::int64_t KVScaleIndex::operator()(std::int64_t row) const {
+  const std::int64_t h_kv = spec_.heads_kv;
+  switch (spec_.kv_scale) {
+    case attend::KVScale::none:
+    case attend::KVScale::per_tensor: return 0;
+    case attend::KVScale::per_token: return row;
+    case attend::KVScale::per_head: break;
+  }
+  std::int64_t b = 0, h = 0;
+  if (spec_.paged()) {  // (pages, page_size, Hkv, D)
+    h = row % h_kv;
+    b = seq_of_[static_cast<std::size_t>(row / (shape_[1] * h_kv))];
+    if (b < 0) return -1;
+  } else {
+    switch (spec_.layout) {
+      case attend::Layout::bshd: h = row % h_kv, b = row / (shape_[1] * h_kv); break;
+      case attend::Layout::bhsd: h = (row / shape_[2]) % h_kv, b = row / (shape_[1] * shape_[2]); break;
+      case attend::Layout::sbhd: h = row % h_kv, b = (row / h_kv) % shape_[1]; break;
+      case attend::Layout::thd: {
+        h = row % h_kv;
+        const auto it = std::upper_bound(seq_of_.begin(), seq_of_.end(), row / h_kv);
+        b = std::max<std::int64_t>(0, (it - seq_of_.begin()) - 1);
+        break;
+      }
+    }
+  }
+  return b * h_kv + h;
+}
 
 // Built without OpenMP (bench/ compiles this file on its own), one thread.
 void fill_normal(const Tensor& t, std::uint64_t seed, std::uint32_t stream, double mean, double stddev,
@@ -307,6 +397,8 @@ attend::Inputs ProblemData::inputs() const {
   if (sinks.defined()) in.sinks = sinks;
   if (cu_seqlens_q.defined()) in.cu_seqlens_q = cu_seqlens_q;
   if (cu_seqlens_kv.defined()) in.cu_seqlens_kv = cu_seqlens_kv;
+  if (k_scale.defined()) in.k_scale = k_scale;
+  if (v_scale.defined()) in.v_scale = v_scale;
   if (cache) cache->bind(in);
   return in;
 }
@@ -315,11 +407,21 @@ ProblemData make_data(const Problem& p, const DataSources& src) {
   const AttentionSpec& s = p.spec;
   ProblemData d;
   d.q = input(src.q, "q", s.dtype, q_shape(s), src.seed, 1);
+  if (s.varlen()) {
+    d.cu_seqlens_q = cu_seqlens(p.lens_q, "cu_seqlens_q");
+    d.cu_seqlens_kv = cu_seqlens(p.lens_kv, "cu_seqlens_kv");
+  }
   if (s.paged()) {
     fill_kv_cache(p, src, d);
   } else {
     d.k = input(src.k, "k", s.dtype, k_shape(s), src.seed, 2);
     d.v = input(src.v, "v", s.dtype, v_shape(s), src.seed, 3);
+    if (s.kv_quantized()) {
+      d.k_wide = d.k;
+      d.v_wide = d.v;
+      quantize_dense(s, d.k_wide, d.cu_seqlens_kv, d.k, d.k_scale);
+      quantize_dense(s, d.v_wide, d.cu_seqlens_kv, d.v, d.v_scale);
+    }
   }
   if (src.need_dout)
     d.dout = input(src.dout, "dout", attend::expected_dtype(s, attend::Role::dout), out_shape(s), src.seed, 4);
@@ -347,10 +449,6 @@ ProblemData make_data(const Problem& p, const DataSources& src) {
   } else if (src.sinks.tensor.defined()) {
     throw attend::Error(attend::ErrorCode::invalid_argument, "--sinks", src.sinks.path,
                         "sink logits need --softmax-type learnable");
-  }
-  if (s.varlen()) {
-    d.cu_seqlens_q = cu_seqlens(p.lens_q, "cu_seqlens_q");
-    d.cu_seqlens_kv = cu_seqlens(p.lens_kv, "cu_seqlens_kv");
   }
   return d;
 }

@@ -69,10 +69,33 @@ void sizes_from_files(ProblemFlags& flags, const DataSources& src);
 struct ProblemData {
   attend::Tensor q, k, v, dout, bias, slopes, cu_seqlens_q, cu_seqlens_kv;
   attend::Tensor sinks;  // softmax_type=learnable
+  // An 8-bit spec.kv_dtype on dense K/V: k and v above hold the codes and
+  // k_scale / v_scale their f32 scales (spec.kv_scale's layout; undefined for
+  // none), quantized from k_wide / v_wide, the random or --k/--v values in
+  // spec.dtype (what --save writes, so that a replay quantizes them again).
+  attend::Tensor k_scale, v_scale, k_wide, v_wide;
   // spec.paged(): k and v above are the dense tokens appended to an
   // attend::KVCache (B, max cached, Hkv, D); the kernels read its pages.
   std::shared_ptr<const attend::KVCache> cache;
   attend::Inputs inputs() const;
+};
+
+// Which entry of k_scale / v_scale scales each row of an 8-bit k or v (a row:
+// the head_dim elements of one (token, kv head), row = element index / head
+// dim of the contiguous tensor), for spec.kv_scale's layout. Per-head scales
+// of a page pool belong to the sequence whose block-table row lists the page.
+class KVScaleIndex {
+ public:
+  // k_shape: the shape of k (or v); cu_seqlens_kv for thd, block_table when paged.
+  KVScaleIndex(const attend::AttentionSpec& s, const Shape& k_shape, const attend::TensorView& cu_seqlens_kv,
+               const attend::TensorView& block_table);
+  // -1: a page no sequence owns (never read).
+  std::int64_t operator()(std::int64_t row) const;
+
+ private:
+  attend::AttentionSpec spec_;
+  Shape shape_;
+  std::vector<std::int64_t> seq_of_;  // thd: cu_seqlens_kv; paged per_head: owner per page
 };
 
 // Throws attend::Error when a file is malformed or disagrees with the spec.

@@ -251,6 +251,23 @@ void set_kv_cache(const ProblemFlags& f, Problem& p) {
   s.kv_page_size = f.page_size;
 }
 
+// An 8-bit --kv-dtype without --kv-scale gets the scales the data is built
+// with: a cache's own defaults (attend::KVCache: per_token for i8, per_head for
+// fp8), per_token for dense K/V (quantized here from the whole tensor, so the
+// tightest layout costs nothing to compute).
+void set_kv_scale(const ProblemFlags& f, Problem& p) {
+  auto& s = p.spec;
+  if (!s.kv_quantized()) return;
+  if (!f.given("kv_scale")) {
+    s.kv_scale = f.kv_cache && s.effective_kv_dtype() != attend::DType::i8 ? attend::KVScale::per_head
+                                                                           : attend::KVScale::per_token;
+  } else if (f.kv_cache && s.kv_scale == attend::KVScale::none) {
+    throw attend::Error(attend::ErrorCode::invalid_argument, "--kv-scale", "none",
+                        "an 8-bit KV cache (--kv-dtype " + std::string(attend::to_string(s.effective_kv_dtype())) +
+                            ") keeps scales: per_token, per_head or per_tensor");
+  }
+}
+
 // Flags override the environment's policy field by field, and name themselves
 // as the source, so an error points at what the user typed.
 void apply_policy(const ProblemFlags& f, attend::Policy& policy) {
@@ -329,9 +346,12 @@ Problem make_problem(const ProblemFlags& f) {
                         "needs a bias: add --bias full|batch|head|shared");
   }
   if (f.no_lse) s.need_lse = false;
-  // A KV cache is inference-only, so --kv-cache defaults to --inference; an
-  // explicit --training then fails selection with every backend's reason.
-  p.mode = (f.inference || (f.kv_cache && !f.training)) ? attend::Mode::inference : attend::Mode::training;
+  set_kv_scale(f, p);
+  // A KV cache and 8-bit K/V are inference-only, so --kv-cache and an 8-bit
+  // --kv-dtype default to --inference; an explicit --training then fails
+  // selection with every backend's reason.
+  const bool forward_only = f.kv_cache || s.kv_quantized();
+  p.mode = (f.inference || (forward_only && !f.training)) ? attend::Mode::inference : attend::Mode::training;
   attend::validate(s);
 
   p.policy = attend::Policy::from_env();
