@@ -2,7 +2,8 @@
 // same run, against flash on the same problem, and the seqlen_q crossover.
 //
 //   decode_bench [--tokens N] [--batch B] [--reps R] [--sweep-tokens N] [--no-flash]
-//                [--dtype f32|bf16|f16] [--help]
+//                [--dtype f32|bf16|f16] [--kv-dtype LIST] [--kv-only] [--kv-contexts LIST]
+//                [--kv-sweep LIST] [--no-prefill] [--help]
 //
 // Baseline: a STREAM-like read of a 2 GiB array (every thread sums its part,
 // the same OpenMP team decode uses) and a STREAM triad. Decode's rate is the
@@ -13,6 +14,9 @@
 // The same problem runs again on dense K/V tensors (the paging's cost is the
 // gap), and once on a cache small enough to stay in the last-level cache (the
 // kernel's compute cost per key, without the memory wall).
+// --kv-dtype adds the 8-bit KV section (decode_kv8.h): fp8 / int8 caches
+// against the unquantized one at B=1 on target shapes, a context sweep and a
+// chunked prefill, each row's bandwidth against the same baseline.
 #include <omp.h>
 
 #include <algorithm>
@@ -28,6 +32,7 @@
 #include "attend/attend.h"
 #include "attend/backends/decode.h"
 #include "attend/backends/flash.h"
+#include "decode_kv8.h"
 
 namespace {
 
@@ -229,12 +234,21 @@ constexpr const char* kUsage =
     "  --sweep-tokens N  cache length of the crossover sweep (default 4096)\n"
     "  --no-flash        skip flash on the main problem\n"
     "  --dtype D         cache and query dtype (default f32)\n"
+    "  --kv-dtype LIST   add the 8-bit KV section: caches in these dtypes, e.g. bf16,fp8_e4m3,fp8_e5m2,i8 or all\n"
+    "                    (one wide dtype, default bf16: the queries' and the baseline; 8-bit ones with KVCache's\n"
+    "                    default scales), B=1 at heads 14/2 and 32/8, D=64 and 128\n"
+    "  --kv-only         with --kv-dtype: skip the sections above (the bandwidth baselines still run)\n"
+    "  --kv-contexts L   cached tokens of the 8-bit section's shapes (default 16384,65536)\n"
+    "  --kv-sweep L      context sweep at 32/8 D=128 (default 4096,...,131072; none: skip)\n"
+    "  --no-prefill      skip the 8-bit section's chunked prefill (512 queries over 16384 cached tokens, flash)\n"
     "Exit codes: 0 success, 1 usage error, 2 attend error.\n";
 
 struct Options {
   std::int64_t batch = 8, tokens = 32768, sweep_tokens = 4096, reps = 5;
   bool no_flash = false;
   attend::DType dtype = attend::DType::f32;
+  decode_bench::Kv8Options kv8;  // kv_dtypes empty: no 8-bit section
+  bool kv_only = false;
 };
 
 [[noreturn]] void usage_error(const std::string& why) {
@@ -242,18 +256,35 @@ struct Options {
   std::exit(1);
 }
 
+// A comma-separated list of positive token counts ("none": empty).
+std::vector<std::int64_t> parse_counts(const std::string& flag, const std::string& text) {
+  std::vector<std::int64_t> out;
+  if (text == "none") return out;
+  for (std::size_t pos = 0; pos <= text.size();) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 1) usage_error(flag + " '" + text + "' is not a list of positive integers");
+    out.push_back(v);
+    pos = comma + 1;
+  }
+  return out;
+}
+
 // Every argument is known or an error: a mistyped flag must not silently start
 // the full-size run.
 Options parse_args(int argc, char** argv) {
   Options o;
+  bool no_prefill = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
     }
-    if (a == "--no-flash") {
-      o.no_flash = true;
+    if (a == "--no-flash" || a == "--kv-only" || a == "--no-prefill") {
+      (a == "--no-flash" ? o.no_flash : a == "--kv-only" ? o.kv_only : no_prefill) = true;
       continue;
     }
     std::int64_t* value = a == "--tokens"         ? &o.tokens
@@ -261,11 +292,24 @@ Options parse_args(int argc, char** argv) {
                           : a == "--reps"         ? &o.reps
                           : a == "--sweep-tokens" ? &o.sweep_tokens
                                                   : nullptr;
-    if (value == nullptr && a != "--dtype") usage_error("unknown flag '" + a + "'");
+    const bool list = a == "--dtype" || a == "--kv-dtype" || a == "--kv-contexts" || a == "--kv-sweep";
+    if (value == nullptr && !list) usage_error("unknown flag '" + a + "'");
     if (i + 1 >= argc) usage_error(a + " needs a value");
     const std::string text = argv[++i];
-    if (value == nullptr) {
+    if (a == "--dtype") {
       o.dtype = attend::parse_dtype(text, "--dtype");
+      continue;
+    }
+    if (a == "--kv-dtype") {
+      try {
+        o.kv8.kv_dtypes = decode_bench::parse_kv_dtypes(text.c_str());
+      } catch (const attend::Error& e) {
+        usage_error(e.what());
+      }
+      continue;
+    }
+    if (list) {
+      (a == "--kv-contexts" ? o.kv8.contexts : o.kv8.sweep) = parse_counts(a, text);
       continue;
     }
     char* end = nullptr;
@@ -273,19 +317,21 @@ Options parse_args(int argc, char** argv) {
     if (end == text.c_str() || *end != '\0' || v < 1) usage_error(a + " '" + text + "' is not a positive integer");
     *value = v;
   }
+  if (o.kv_only && o.kv8.kv_dtypes.empty()) usage_error("--kv-only needs --kv-dtype (it runs only that section)");
+  if (no_prefill) o.kv8.prefill_prefix = 0;
+  o.kv8.reps = static_cast<int>(std::min<std::int64_t>(o.reps, 1000));
   return o;
 }
+
+void problem_sections(const Options& opt, const Bandwidth& bw);
 
 }  // namespace
 
 int main(int argc, char** argv) try {
   const Options opt = parse_args(argc, argv);
-  const std::int64_t batch = opt.batch, tokens = opt.tokens, sweep_tokens = opt.sweep_tokens;
   const int reps = static_cast<int>(std::min<std::int64_t>(opt.reps, 1000));
-  const std::int64_t hq = 32, hkv = 8, d = 128;
+  const std::int64_t hkv = 8, d = 128;
   const attend::DType dtype = opt.dtype;
-  const std::string dts(attend::to_string(dtype));
-  const char* dt = dts.c_str();
   std::printf("threads: %d  decode isa: %s  flash isa: %s\n", omp_get_max_threads(),
               std::string(attend::decode_active_isa()).c_str(), std::string(attend::flash_active_isa()).c_str());
 
@@ -299,6 +345,24 @@ int main(int argc, char** argv) try {
       static_cast<long long>(hkv), static_cast<long long>(d * static_cast<std::int64_t>(attend::size_of(dtype))),
       bw.pattern_gbs);
 
+  if (!opt.kv_only) problem_sections(opt, bw);
+  if (!opt.kv8.kv_dtypes.empty()) decode_bench::run_kv8_section(opt.kv8, bw.read_gbs);
+  return 0;
+} catch (const attend::Error& e) {
+  std::fprintf(stderr, "error: %s\n", e.what());
+  return 2;
+}
+
+namespace {
+
+// The paged, flash, dense and cache-resident decode lines and the crossover sweep.
+void problem_sections(const Options& opt, const Bandwidth& bw) {
+  const std::int64_t batch = opt.batch, tokens = opt.tokens, sweep_tokens = opt.sweep_tokens;
+  const int reps = static_cast<int>(std::min<std::int64_t>(opt.reps, 1000));
+  const std::int64_t hq = 32, hkv = 8, d = 128;
+  const attend::DType dtype = opt.dtype;
+  const std::string dts(attend::to_string(dtype));
+  const char* dt = dts.c_str();
   const auto decode = attend::make_decode_backend({.max_seqlen_q = 1024});
   const auto flash = attend::make_flash_backend();
   const double kv_bytes =
@@ -363,8 +427,6 @@ int main(int argc, char** argv) try {
     std::printf("decode wins at every measured seqlen_q (limit kDecodeMaxSeqlenQ=%lld)\n",
                 static_cast<long long>(attend::kDecodeMaxSeqlenQ));
   }
-  return 0;
-} catch (const attend::Error& e) {
-  std::fprintf(stderr, "error: %s\n", e.what());
-  return 2;
 }
+
+}  // namespace
