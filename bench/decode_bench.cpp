@@ -236,7 +236,7 @@ constexpr const char* kUsage =
     "  --dtype D         cache and query dtype (default f32)\n"
     "  --kv-dtype LIST   add the 8-bit KV section: caches in these dtypes, e.g. bf16,fp8_e4m3,fp8_e5m2,i8 or all\n"
     "                    (one wide dtype, default bf16: the queries' and the baseline; 8-bit ones with KVCache's\n"
-    "                    default scales), B=1 at heads 14/2 and 32/8, D=64 and 128\n"
+    "                    default scales, or DTYPE/SCALE, e.g. all,i8/per_head), B=1 at heads 14/2 and 32/8, D=64, 128\n"
     "  --kv-only         with --kv-dtype: skip the sections above (the bandwidth baselines still run)\n"
     "  --kv-contexts L   cached tokens of the 8-bit section's shapes (default 16384,65536)\n"
     "  --kv-sweep L      context sweep at 32/8 D=128 (default 4096,...,131072; none: skip)\n"

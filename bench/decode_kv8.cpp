@@ -58,10 +58,11 @@ void store_wide(const attend::Tensor& t, std::int64_t i, float x) {
 // A B=1 cache of `tokens`, its pages in `kv` (8-bit: the appends quantize
 // with KVCache's default scales), filled by appending one random 1024-token
 // chunk again and again (set-up in seconds even at 128k tokens).
-std::unique_ptr<attend::KVCache> make_cache(const Shape& sh, std::int64_t tokens, DType wide, DType kv) {
+std::unique_ptr<attend::KVCache> make_cache(const Shape& sh, std::int64_t tokens, DType wide, const KvCase& kv) {
   attend::KVCacheConfig c;
   c.dtype = wide;
-  if (kv != wide) c.kv_dtype = kv;
+  if (kv.dtype != wide) c.kv_dtype = kv.dtype;
+  c.kv_scale = kv.scale;
   c.heads_kv = sh.hkv;
   c.head_dim_qk = c.head_dim_v = sh.d;
   c.max_seqlen = tokens;
@@ -158,15 +159,15 @@ struct Ratios {
 // One block of decode rows (every kv dtype at one shape and context).
 void decode_rows(const char* tag, const Shape& sh, std::int64_t context, const Kv8Options& o, double read_gbs,
                  const attend::Backend& decode, Ratios& ratios) {
-  const DType wide = o.kv_dtypes.front();
+  const DType wide = o.kv_dtypes.front().dtype;
   std::vector<std::unique_ptr<attend::KVCache>> caches;
   std::vector<Call> calls;
   calls.reserve(o.kv_dtypes.size());  // stable addresses: the calls' inputs point at their own q
-  for (const DType kv : o.kv_dtypes) caches.push_back(make_cache(sh, context, wide, kv));
+  for (const KvCase& kv : o.kv_dtypes) caches.push_back(make_cache(sh, context, wide, kv));
   for (const auto& c : caches) calls.emplace_back(decode, *c, sh.hq, 1);
   const std::vector<double> t = best_interleaved(calls, o.reps);
   for (std::size_t i = 0; i < calls.size(); ++i) {
-    const DType kv = o.kv_dtypes[i];
+    const DType kv = o.kv_dtypes[i].dtype;
     const attend::KVScale scale = caches[i]->scale_layout();
     const double bpt = bytes_per_token(sh, kv, scale, context);
     const double gbs = bpt * static_cast<double>(context) / t[i] / 1e9;
@@ -193,36 +194,50 @@ double geomean(const std::vector<double>& v) {
 
 }  // namespace
 
-std::vector<DType> parse_kv_dtypes(const char* text) {
-  std::string_view rest(text);
-  if (rest == "all") rest = "bf16,fp8_e4m3,fp8_e5m2,i8";
-  std::vector<DType> out;
+std::vector<KvCase> parse_kv_dtypes(const char* text) {
+  std::string list(text);
+  if (list == "all" || list.starts_with("all,")) list.replace(0, 3, "bf16,fp8_e4m3,fp8_e5m2,i8");
+  std::vector<KvCase> out;
   DType wide = DType::bf16;
   int wides = 0;
+  std::string_view rest(list);
   while (!rest.empty()) {
     const std::size_t comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    const DType d = attend::parse_dtype(item, "--kv-dtype");
-    if (attend::is_kv8(d)) {
-      if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
-    } else if (d == DType::f32 || d == DType::bf16 || d == DType::f16) {
-      if (wides++ > 0 && d != wide) {
+    const std::size_t slash = item.find('/');
+    KvCase c{attend::parse_dtype(item.substr(0, slash), "--kv-dtype"), std::nullopt};
+    if (slash != std::string_view::npos) {
+      try {
+        c.scale = attend::parse_kv_scale(item.substr(slash + 1), "--kv-dtype");
+      } catch (const attend::Error& e) {  // name the whole item, not its scale alone
+        throw attend::Error(e.code(), "--kv-dtype", std::string(item), e.detail());
+      }
+      if (!attend::is_kv8(c.dtype) || *c.scale == attend::KVScale::none) {
+        throw attend::Error(attend::ErrorCode::invalid_argument, "--kv-dtype", std::string(item),
+                            "a scale layout (per_token, per_head, per_tensor) goes with an 8-bit dtype only");
+      }
+    }
+    if (attend::is_kv8(c.dtype)) {
+      const auto same = [&](const KvCase& o) { return o.dtype == c.dtype && o.scale == c.scale; };
+      if (std::find_if(out.begin(), out.end(), same) == out.end()) out.push_back(c);
+    } else if (c.dtype == DType::f32 || c.dtype == DType::bf16 || c.dtype == DType::f16) {
+      if (wides++ > 0 && c.dtype != wide) {
         throw attend::Error(attend::ErrorCode::invalid_argument, "--kv-dtype", text,
                             "one wide dtype (the queries' and the baseline's: f32, bf16 or f16) at most");
       }
-      wide = d;
+      wide = c.dtype;
     } else {
       throw attend::Error(attend::ErrorCode::invalid_argument, "--kv-dtype", std::string(item),
                           "a cache holds f32, bf16, f16, fp8_e4m3, fp8_e5m2 or i8");
     }
   }
-  out.insert(out.begin(), wide);  // the baseline row comes first
+  out.insert(out.begin(), KvCase{wide, std::nullopt});  // the baseline row comes first
   return out;
 }
 
 void run_kv8_section(const Kv8Options& o, double read_gbs) {
-  const std::string wide(attend::to_string(o.kv_dtypes.front()));
+  const std::string wide(attend::to_string(o.kv_dtypes.front().dtype));
   const auto decode = attend::make_decode_backend();
   const auto flash = attend::make_flash_backend();
   std::printf(
@@ -240,8 +255,9 @@ void run_kv8_section(const Kv8Options& o, double read_gbs) {
     const auto& r = ratios.per_dtype[i];
     if (r.empty()) continue;
     std::printf("kv8 summary: %s vs %s tokens/s over %zu shape x context rows: min %.2fx, geomean %.2fx, max %.2fx\n",
-                std::string(attend::to_string(o.kv_dtypes[i])).c_str(), wide.c_str(), r.size(),
-                *std::min_element(r.begin(), r.end()), geomean(r), *std::max_element(r.begin(), r.end()));
+                name_of(o.kv_dtypes[i].dtype, o.kv_dtypes[i].scale.value_or(attend::KVScale::none)).c_str(),
+                wide.c_str(), r.size(), *std::min_element(r.begin(), r.end()), geomean(r),
+                *std::max_element(r.begin(), r.end()));
   }
 
   if (!o.sweep.empty()) {
@@ -256,7 +272,7 @@ void run_kv8_section(const Kv8Options& o, double read_gbs) {
     // Chunked prefill: the chunk's own K/V are appended first, then its
     // queries attend causally (bottom-right) over prefix + chunk.
     const std::int64_t sk = o.prefill_prefix + o.prefill_chunk;
-    const int reps = std::min(o.reps, 3);
+    const int reps = std::min(o.reps, 5);  // calls of a second or more: fewer rounds suffice
     std::printf(
         "kv8 prefill: flash (%s), B=1, a %lld-token causal query chunk over a %lld-token cached prefix "
         "(Sk=%lld), %s queries, best of %d interleaved rounds; vs_wide_time: this time / the %s cache's\n",
@@ -268,13 +284,13 @@ void run_kv8_section(const Kv8Options& o, double read_gbs) {
       std::vector<std::unique_ptr<attend::KVCache>> caches;
       std::vector<Call> calls;
       calls.reserve(o.kv_dtypes.size());
-      for (const DType kv : o.kv_dtypes) caches.push_back(make_cache(sh, sk, o.kv_dtypes.front(), kv));
+      for (const KvCase& kv : o.kv_dtypes) caches.push_back(make_cache(sh, sk, o.kv_dtypes.front().dtype, kv));
       for (const auto& c : caches) calls.emplace_back(*flash, *c, sh.hq, o.prefill_chunk);
       const std::vector<double> t = best_interleaved(calls, reps);
       for (std::size_t i = 0; i < calls.size(); ++i) {
         std::printf("%-11s %4lld/%-3lld %4lld  %-18s %10.2f %10.1f %12.2f\n", "kv8-prefill",
                     static_cast<long long>(sh.hq), static_cast<long long>(sh.hkv), static_cast<long long>(sh.d),
-                    name_of(o.kv_dtypes[i], caches[i]->scale_layout()).c_str(), t[i] * 1e3,
+                    name_of(o.kv_dtypes[i].dtype, caches[i]->scale_layout()).c_str(), t[i] * 1e3,
                     static_cast<double>(o.prefill_chunk) / t[i], t[i] / t[0]);
       }
       std::fflush(stdout);
