@@ -12,7 +12,7 @@ import sys
 
 from .errors import InvalidArgumentError, UnsupportedError, _raise
 
-_NUMPY_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32"}
+_NUMPY_NAMES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32", "int8": "i8"}
 _NUMPY_DTYPES = {v: k for k, v in _NUMPY_NAMES.items()}
 
 
@@ -32,7 +32,11 @@ def torch_dtype_names():
     if not _TORCH_NAMES:  # filled on first use: importing attend must not import torch
         import torch
         _TORCH_NAMES.update({torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16",
-                             torch.float16: "f16", torch.int32: "i32"})
+                             torch.float16: "f16", torch.int32: "i32", torch.int8: "i8"})
+        # 8-bit K/V codes (kv_dtype); torch 1.x has no float8 dtypes.
+        for name, kv in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2")):
+            if hasattr(torch, name):
+                _TORCH_NAMES[getattr(torch, name)] = kv
     return _TORCH_NAMES
 
 
@@ -50,7 +54,8 @@ def _describe_torch(t, name):
     dtype = torch_dtype_names().get(t.dtype)
     if dtype is None:
         _raise(InvalidArgumentError, f"{name}.dtype", t.dtype,
-               "attend handles float32, float64, bfloat16, float16 and int32 index tensors")
+               "attend handles float32, float64, bfloat16, float16, int32 index tensors and 8-bit K/V (int8, "
+               "float8_e4m3fn, float8_e5m2)")
     # A view with a negative bit would be read without it (conjugation only
     # concerns complex dtypes, which are rejected above).
     if hasattr(t, "is_neg") and t.is_neg():
@@ -65,7 +70,7 @@ def _describe_numpy(a, name):
     dtype = _NUMPY_NAMES.get(a.dtype.name)
     if dtype is None:
         _raise(InvalidArgumentError, f"{name}.dtype", a.dtype,
-               "attend handles float32, float64, float16 and int32 index arrays (numpy has no bfloat16)")
+               "attend handles float32, float64, float16, int32 index arrays and int8 K/V (numpy has no bfloat16)")
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))
     item = a.itemsize

@@ -18,7 +18,8 @@ ArrayLike = Any
 # Where batch, sequence and heads sit in a dense layout's 4 dims.
 _DENSE = {"bshd": (0, 1, 2), "bhsd": (0, 2, 1), "sbhd": (1, 0, 2)}
 _INPUTS = ("bias", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv", "block_table", "cache_seqlens", "cache_leftpad",
-           "sinks")
+           "sinks", "k_scale", "v_scale")
+_KV8 = ("i8", "fp8_e4m3", "fp8_e5m2")
 
 
 def _dims(t, name, n):
@@ -63,6 +64,12 @@ def infer_spec(q, k, v, fields, tensors):
         s["alibi"] = True
     if tensors.get("sinks") is not None:
         s["softmax_type"] = "learnable"
+    kv = _arrays.dtype_name(k, "k")
+    if kv in _KV8:
+        # 8-bit codes: q's dtype is the problem's. The scale layout is not
+        # read off the shapes (thd's per_token and per_head scales are both
+        # 2-D): kv_scale= says it.
+        s["kv_dtype"] = kv
     s.update(fields)
     return s
 
@@ -205,18 +212,46 @@ class KVCache:
     """A paged KV cache owned by attend (attend::KVCache), for inference.
 
     Pages hold (page_size, heads_kv, head_dim) tokens in ``dtype``; appends and
-    reads are bounds-checked (a failed append changes nothing)."""
+    reads are bounds-checked (a failed append changes nothing).
+
+    ``kv_dtype`` ("i8", "fp8_e4m3", "fp8_e5m2") makes an 8-bit cache: appends
+    take K/V in ``dtype`` and store codes, element = code * scale, with f32
+    scales laid out as ``kv_scale`` says ("per_token", i8's default: one per
+    token and kv head, from the row's largest |x|; "per_head", fp8's default:
+    one per sequence and kv head; "per_tensor"). per_head and per_tensor
+    scales are fixed by set_scales() or by the first non-zero append (twice
+    its largest |x| over the code maximum; larger later values saturate).
+    Appending inf or NaN to an 8-bit cache is refused by name."""
 
     def __init__(self, batch: int, heads_kv: int, head_dim_qk: int, max_seqlen: int, head_dim_v: Optional[int] = None,
-                 page_size: int = 64, num_pages: int = 0, dtype: str = "f32") -> None:
+                 page_size: int = 64, num_pages: int = 0, dtype: str = "f32", kv_dtype: Optional[str] = None,
+                 kv_scale: Optional[str] = None) -> None:
         self._c = _C.KVCache(batch, heads_kv, head_dim_qk, head_dim_v or head_dim_qk, max_seqlen, page_size,
-                             num_pages, dtype)
+                             num_pages, dtype, kv_dtype, kv_scale)
 
     batch = property(lambda self: self._c.batch)
     page_size = property(lambda self: self._c.page_size)
     capacity = property(lambda self: self._c.capacity)
     free_pages = property(lambda self: self._c.free_pages)
     dtype = property(lambda self: self._c.dtype)
+    kv_dtype = property(lambda self: self._c.kv_dtype, doc="The pages' dtype: dtype, or the 8-bit kv_dtype")
+    kv_scale = property(lambda self: self._c.kv_scale, doc="The scale layout of an 8-bit cache ('none' otherwise)")
+
+    def set_scales(self, seq: int, k_scale: Sequence[float], v_scale: Sequence[float]) -> None:
+        """Fixes an 8-bit cache's scales before values arrive: per_head,
+        heads_kv floats each for the empty sequence ``seq``; per_tensor, one
+        each while every sequence is empty. Finite and > 0."""
+        self._c.set_scales(seq, [float(x) for x in k_scale], [float(x) for x in v_scale])
+
+    def k_scales(self) -> Any:
+        """A copy of an 8-bit cache's K scales as a float32 numpy array
+        (per_token (num_pages, page_size, heads_kv), per_head (batch, heads_kv),
+        per_tensor (1,)); None for a cache without scales."""
+        return _scales(self._c.k_scales())
+
+    def v_scales(self) -> Any:
+        """As k_scales, for V."""
+        return _scales(self._c.v_scales())
 
     def length(self, seq: int) -> int:
         return self._c.length(seq)
@@ -253,10 +288,18 @@ class KVCache:
         return out, lse
 
 
+def _scales(raw):
+    if raw is None:
+        return None
+    import numpy as np
+    shape, values = raw
+    return np.asarray(values, dtype=np.float32).reshape(shape)
+
+
 # What q and the cache decide in KVCache.attend; a keyword naming one of them
 # must agree, or the caller believes in a problem that is not the one run.
 _CACHE_DECIDES = ("batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "head_dim_qk", "head_dim_v", "dtype",
-                  "kv_page_size", "kv_leftpad", "total_q", "total_kv")
+                  "kv_page_size", "kv_leftpad", "total_q", "total_kv", "kv_dtype", "kv_scale")
 
 
 def _no_contradiction(fields, spec):

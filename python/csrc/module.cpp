@@ -37,11 +37,11 @@ Mode mode_from(const std::string& mode) {
 
 Role role_from(const std::string& role) {
   for (Role r : {Role::q, Role::k, Role::v, Role::out, Role::lse, Role::dout, Role::dq, Role::dk, Role::dv, Role::bias,
-                 Role::cu_seqlens_q, Role::cu_seqlens_kv, Role::sinks, Role::dsinks}) {
+                 Role::cu_seqlens_q, Role::cu_seqlens_kv, Role::sinks, Role::dsinks, Role::k_scale, Role::v_scale}) {
     if (to_string(r) == role) return r;
   }
   throw Error(ErrorCode::invalid_argument, "role", role,
-              "expected q, k, v, out, lse, dout, dq, dk, dv, bias, sinks or dsinks");
+              "expected q, k, v, out, lse, dout, dq, dk, dv, bias, sinks, dsinks, k_scale or v_scale");
 }
 
 // (shape, dtype name) a tensor of `role` must have: what Python allocates
@@ -311,7 +311,9 @@ std::vector<std::string> backend_names() {
 
 std::unique_ptr<KVCache> make_kvcache(std::int64_t batch, std::int64_t heads_kv, std::int64_t head_dim_qk,
                                       std::int64_t head_dim_v, std::int64_t max_seqlen, std::int64_t page_size,
-                                      std::int64_t num_pages, const std::string& dtype) {
+                                      std::int64_t num_pages, const std::string& dtype,
+                                      const std::optional<std::string>& kv_dtype,
+                                      const std::optional<std::string>& kv_scale) {
   KVCacheConfig c;
   c.batch = batch;
   c.heads_kv = heads_kv;
@@ -321,7 +323,23 @@ std::unique_ptr<KVCache> make_kvcache(std::int64_t batch, std::int64_t heads_kv,
   c.page_size = page_size;
   c.num_pages = num_pages;
   c.dtype = parse_dtype(dtype, "dtype");
+  if (kv_dtype) c.kv_dtype = parse_dtype(*kv_dtype, "kv_dtype");
+  if (kv_scale) c.kv_scale = parse_kv_scale(*kv_scale, "kv_scale");
   return std::make_unique<KVCache>(c);
+}
+
+// An 8-bit cache's scales as (shape, values), copied out (they are small: one
+// f32 per token and kv head at most); None when the cache has none.
+py::object cache_scales(const TensorView& s) {
+  if (s.data == nullptr || s.ndim == 0) return py::none();
+  py::tuple shape(static_cast<std::size_t>(s.ndim));
+  std::int64_t n = 1;
+  for (int d = 0; d < s.ndim; ++d) {
+    shape[static_cast<std::size_t>(d)] = s.shape[d];
+    n *= s.shape[d];
+  }
+  const auto* p = static_cast<const float*>(s.data);
+  return py::make_tuple(shape, std::vector<float>(p, p + n));
 }
 
 // attend::Error -> attend.errors.<class>(message, code, field, value, limit, detail).
@@ -387,13 +405,25 @@ void bind_plan(py::module_& m) {
 void bind_kvcache(py::module_& m) {
   py::class_<KVCache>(m, "KVCache", "A paged KV cache owned by attend (attend::KVCache).")
       .def(py::init(&make_kvcache), py::arg("batch"), py::arg("heads_kv"), py::arg("head_dim_qk"),
-           py::arg("head_dim_v"), py::arg("max_seqlen"), py::arg("page_size"), py::arg("num_pages"), py::arg("dtype"))
+           py::arg("head_dim_v"), py::arg("max_seqlen"), py::arg("page_size"), py::arg("num_pages"), py::arg("dtype"),
+           py::arg("kv_dtype") = py::none(), py::arg("kv_scale") = py::none())
       .def_property_readonly("batch", &KVCache::batch)
       .def_property_readonly("page_size", &KVCache::page_size)
       .def_property_readonly("pages_per_sequence", &KVCache::pages_per_sequence)
       .def_property_readonly("capacity", &KVCache::capacity)
       .def_property_readonly("free_pages", &KVCache::free_pages)
       .def_property_readonly("dtype", [](const KVCache& c) { return std::string(to_string(c.config().dtype)); })
+      .def_property_readonly("kv_dtype",
+                             [](const KVCache& c) { return std::string(to_string(c.config().page_dtype())); })
+      .def_property_readonly("kv_scale", [](const KVCache& c) { return std::string(to_string(c.scale_layout())); })
+      .def("k_scales", [](const KVCache& c) { return cache_scales(c.k_scales().view()); })
+      .def("v_scales", [](const KVCache& c) { return cache_scales(c.v_scales().view()); })
+      .def(
+          "set_scales",
+          [](KVCache& c, std::int64_t seq, const std::vector<float>& k_scale, const std::vector<float>& v_scale) {
+            c.set_scales(seq, k_scale, v_scale);
+          },
+          py::arg("seq"), py::arg("k_scale"), py::arg("v_scale"))
       .def("length", &KVCache::length, py::arg("seq"))
       .def("leftpad", &KVCache::leftpad, py::arg("seq"))
       .def("set_leftpad", &KVCache::set_leftpad, py::arg("seq"), py::arg("tokens"))
@@ -526,5 +556,22 @@ PYBIND11_MODULE(_C, m) {
       py::arg("force"), py::arg("disable"), py::arg("log"), py::arg("select"), py::arg("tune_cache"));
   m.def("pop_thread_policy", &attend::pop_thread_policy, py::arg("token"));
   m.def("backends", &backend_names);
+  // The exact value of an 8-bit code and the code of a float (round to nearest
+  // even, saturating): what Python's own quantization is tested against.
+  m.def(
+      "kv8_value",
+      [](const std::string& dtype, int code) {
+        return attend::kv8_value(attend::parse_dtype(dtype, "dtype"), static_cast<std::uint8_t>(code & 0xff));
+      },
+      py::arg("dtype"), py::arg("code"));
+  m.def(
+      "kv8_codes",
+      [](const std::string& dtype, const std::vector<float>& xs) {
+        const attend::DType t = attend::parse_dtype(dtype, "dtype");
+        std::string codes(xs.size(), '\0');
+        for (std::size_t i = 0; i < xs.size(); ++i) codes[i] = static_cast<char>(attend::kv8_code(t, xs[i]));
+        return py::bytes(codes);
+      },
+      py::arg("dtype"), py::arg("values"), "The codes of values, one byte each");
   m.def("flash_isa", [] { return std::string(attend::flash_active_isa()); });
 }

@@ -68,7 +68,9 @@ Inputs inputs_of(const py::dict& tensors) {
                                          &Inputs::block_table,
                                          &Inputs::cache_seqlens,
                                          &Inputs::cache_leftpad,
-                                         &Inputs::sinks};
+                                         &Inputs::sinks,
+                                         &Inputs::k_scale,
+                                         &Inputs::v_scale};
   const char* const names[] = {"q",
                                "k",
                                "v",
@@ -79,7 +81,9 @@ Inputs inputs_of(const py::dict& tensors) {
                                "block_table",
                                "cache_seqlens",
                                "cache_leftpad",
-                               "sinks"};
+                               "sinks",
+                               "k_scale",
+                               "v_scale"};
   for (const auto& item : tensors) {
     const std::string key = py::str(item.first);
     bool found = false;
@@ -91,7 +95,8 @@ Inputs inputs_of(const py::dict& tensors) {
     }
     if (!found)
       bad(key, "",
-          "not an input of attend (expected q, k, v, bias, alibi_slopes, cu_seqlens_*, block_table, cache_*, sinks)");
+          "not an input of attend (expected q, k, v, bias, alibi_slopes, cu_seqlens_*, block_table, cache_*, sinks, "
+          "k_scale, v_scale)");
   }
   return in;
 }
