@@ -18,7 +18,7 @@ from typing import Any, Optional, Tuple, Union
 
 import torch
 
-from . import _C, _arrays, _autograd, _masks
+from . import _C, _arrays, _autograd, _kv8, _masks
 from .errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
 from ._autograd import Problem, draw_dropout_seed
 from ._index import int32_index, require_non_negative
@@ -278,7 +278,8 @@ def flash_attn_func(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
         deterministic: bool = False, return_attn_probs: bool = False, sinks: Optional[torch.Tensor] = None,
-        cp_group: Any = None, cp_strategy: str = "auto", **spec_fields: Any) -> FlashResult:
+        cp_group: Any = None, cp_strategy: str = "auto", k_descale: Union[torch.Tensor, float, None] = None,
+        v_descale: Union[torch.Tensor, float, None] = None, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_func: q (B, Sq, H, D), k (B, Sk, Hk, D), v (B, Sk, Hk, Dv)
     -> out (B, Sq, H, Dv). Causal and windows are bottom-right aligned; softcap,
     ALiBi (f32 slopes (H) or (B, H)), GQA/MQA (H % Hk == 0), dropout as in FA2.
@@ -293,7 +294,19 @@ def flash_attn_func(
     gradient flows. ``softmax_type="off_by_one"`` is the tensor-free sink 0.
     ``cp_group``: a torch.distributed process group sharing the sequence (context
     parallelism, attend.parallel): q, k, v are this rank's rows in the CP layout
-    (attend.parallel.shard), out likewise; ``cp_strategy`` "auto", "ring" or "a2a"."""
+    (attend.parallel.shard), out likewise; ``cp_strategy`` "auto", "ring" or "a2a".
+
+    8-bit K/V (inference only): k and v int8, float8_e4m3fn or float8_e5m2
+    codes standing for code * descale (FlashAttention 3's k_descale /
+    v_descale), q and out in f32/bf16/f16. The descale's shape is the layout:
+    a number or (1,) per tensor, (B, Hk) per (sequence, kv head), (B, Sk, Hk)
+    per token; none given: scale 1. float32, finite and > 0 (a bad one is
+    refused naming k_scale / v_scale, attend's names for them)."""
+    if _kv8.is_kv8(k) or _kv8.is_kv8(v) or k_descale is not None or v_descale is not None:
+        if cp_group is not None:
+            _raise(UnsupportedError, "cp_group", "set", "context parallelism does not take 8-bit K/V")
+        return _flash_kv8(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                          deterministic, return_attn_probs, sinks, k_descale, v_descale, spec_fields)
     if (not dropout_p and alibi_slopes is None and not return_attn_probs and sinks is None and cp_group is None
             and not spec_fields):
         out = _flash_fast(q, k, v, softmax_scale, causal, window_size, softcap, deterministic)
@@ -315,6 +328,66 @@ def flash_attn_func(
     s = problem.spec
     probs = (dropout_mask(s["dropout_seed"], s["dropout_p"], s["batch"], s["heads_q"], s["seqlen_q"],
                           s["seqlen_kv"]) if dropout_p > 0.0 else q.new_empty(0))
+    return out, lse, probs
+
+
+def _kv8_dtype(k, v, k_name, v_name, k_descale, v_descale):
+    """The attend name of 8-bit K/V's dtype; descales without 8-bit K/V,
+    or K and V of two dtypes, are refused."""
+    if not _kv8.is_kv8(k):
+        if k_descale is not None or v_descale is not None:
+            _raise(InvalidArgumentError, "k_descale" if k_descale is not None else "v_descale", "set",
+                   f"descales scale 8-bit K/V (int8, float8_e4m3fn, float8_e5m2); {k_name} is {k.dtype}")
+        _raise(InvalidArgumentError, f"{k_name}.dtype", k.dtype, f"{v_name} is 8-bit ({v.dtype}): K and V share one "
+               "kv_dtype")
+    if v.dtype != k.dtype:
+        _raise(InvalidArgumentError, f"{v_name}.dtype", v.dtype, f"must equal {k_name}'s {k.dtype} (K and V share "
+               "one kv_dtype)")
+    return _kv8.name(k.dtype)
+
+
+def _kv8_eager(api, kv_dtype):
+    """The torch.library ops that torch.compile and torch.func go through carry
+    no scales: 8-bit K/V calls run eagerly (and a trace cannot call the
+    extension that checks their spec)."""
+    if _compiling() or _transforming():
+        _raise(UnsupportedError, "kv_dtype", kv_dtype, f"{api} with 8-bit K/V runs eagerly: not under "
+               "torch.compile or a torch.func transform")
+
+
+def _kv8_forward(spec, tensors, api):
+    """(out, lse) of an 8-bit K/V call: the native forward in inference mode
+    (no backend has a backward for 8-bit K/V)."""
+    _kv8_eager(api, spec["kv_dtype"])
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors.values()):
+        _raise(UnsupportedError, "kv_dtype", spec["kv_dtype"], "8-bit K/V are inference only (no backend has a "
+               "backward for them): run under torch.no_grad() or torch.inference_mode(), or detach q")
+    out, lse, _, _ = _autograd._native_forward(spec, "inference", tensors)
+    return out, lse
+
+
+def _flash_kv8(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+               return_attn_probs, sinks, k_descale, v_descale, spec_fields):
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        _check_tensor(t, n, (4,))
+    _one_device("flash_attn_func", q=q, k=k, v=v, alibi_slopes=alibi_slopes, sinks=sinks, k_descale=k_descale,
+                v_descale=v_descale)
+    kv_dtype = _kv8_dtype(k, v, "k", "v", k_descale, v_descale)
+    _kv8_eager("flash_attn_func", kv_dtype)
+    (q,) = _autocast(q)  # the codes are what they are: only q follows autocast
+    layout, k_scale, v_scale = _kv8.scale_layout(k_descale, v_descale, (k.shape[0], k.shape[2]), k.shape[:3])
+    spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
+    spec.update(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_kv=k.shape[1], layout="bshd", kv_dtype=kv_dtype,
+                kv_scale=layout)
+    spec = with_fields(spec, spec_fields, "flash_attn_func")
+    problem = Problem(spec, q, k, v, slopes=alibi_slopes).with_sinks(sinks)
+    out, lse = _kv8_forward(problem.spec, dict(q=q, k=k, v=v, alibi_slopes=alibi_slopes, sinks=problem.sinks,
+                                               k_scale=k_scale, v_scale=v_scale), "flash_attn_func")
+    if not return_attn_probs:
+        return out
+    s = problem.spec
+    probs = (dropout_mask(s["dropout_seed"], s["dropout_p"], s["batch"], s["heads_q"], s["seqlen_q"],
+                          s["seqlen_kv"]) if s.get("dropout_p", 0.0) > 0.0 else q.new_empty(0))
     return out, lse, probs
 
 
@@ -454,21 +527,40 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, api: 
 
 # --- flash_attn_with_kvcache ---------------------------------------------------------------
 
-def _append_to_cache(k_cache, v_cache, k, v, block_table, seqlens):
-    """Writes k, v (B, S_new, Hk, D) into the paged caches at each sequence's
-    end, in place (as FlashAttention does); returns the new lengths."""
+def _cache_slots(k_cache, block_table, seqlens, new_tokens):
+    """(page, slot), each (B, S_new), where an append of new_tokens tokens at
+    each sequence's end (seqlens: the lengths before it) writes."""
     ps, pages = k_cache.shape[1], block_table.shape[1]
-    pos = seqlens.long().unsqueeze(1) + torch.arange(k.shape[1]).unsqueeze(0)  # (B, S_new)
+    pos = seqlens.long().unsqueeze(1) + torch.arange(new_tokens).unsqueeze(0)  # (B, S_new)
     if pos.numel() and int(pos.max()) >= pages * ps:
         _raise(InvalidArgumentError, "cache_seqlens", seqlens.tolist(),
-               f"appending {k.shape[1]} tokens passes the cache capacity of {pages * ps} tokens per sequence")
+               f"appending {new_tokens} tokens passes the cache capacity of {pages * ps} tokens per sequence")
     page = block_table.long().gather(1, pos // ps)
     if pos.numel() and (int(page.min()) < 0 or int(page.max()) >= k_cache.shape[0]):
         _raise(InvalidArgumentError, "block_table", "entry", f"page ids must lie in [0, {k_cache.shape[0]})")
+    return page, pos % ps
+
+
+def _append_to_cache(k_cache, v_cache, k, v, block_table, seqlens):
+    """Writes k, v (B, S_new, Hk, D) into the paged caches at each sequence's
+    end, in place (as FlashAttention does); returns the new lengths."""
+    page, slot = _cache_slots(k_cache, block_table, seqlens, k.shape[1])
     with torch.no_grad():
-        k_cache[page, pos % ps] = k
-        v_cache[page, pos % ps] = v
+        k_cache[page, slot] = k
+        v_cache[page, slot] = v
     return seqlens + k.shape[1]
+
+
+def _kv8_codes(x, layout, scale, dtype):
+    """x (B, S_new, Hk, D) as codes: per_token scale (B, S_new, Hk) of its own
+    rows, per_head (B, Hk), per_tensor (1,), none 1."""
+    if layout == "per_token":
+        scale = scale.unsqueeze(-1)
+    elif layout == "per_head":
+        scale = scale[:, None, :, None]
+    elif layout == "none":
+        scale = 1.0
+    return _kv8.quantize(x, scale, dtype)
 
 
 def flash_attn_with_kvcache(
@@ -479,7 +571,9 @@ def flash_attn_with_kvcache(
         block_table: Optional[torch.Tensor] = None, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, rotary_interleaved: bool = True,
         alibi_slopes: Optional[torch.Tensor] = None, num_splits: int = 0, return_softmax_lse: bool = False,
-        sinks: Optional[torch.Tensor] = None, **spec_fields: Any) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        sinks: Optional[torch.Tensor] = None, k_descale: Union[torch.Tensor, float, None] = None,
+        v_descale: Union[torch.Tensor, float, None] = None,
+        **spec_fields: Any) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
     """flash_attn.flash_attn_with_kvcache (inference): q (B, Sq, H, D); k_cache,
     v_cache (B_cache, S_cache, Hk, D) or, with block_table (B, max_pages) int32,
     page pools (num_blocks, page_block_size, Hk, D). k, v (B, S_new, Hk, D), when
@@ -489,10 +583,21 @@ def flash_attn_with_kvcache(
     of a non-paged cache. Masks are bottom-right aligned to each sequence's keys.
     Returns out (B, Sq, H, Dv), and the LSE (B, H, Sq) with return_softmax_lse.
     Rotary embedding is not supported (apply it to q/k before the call).
-    ``sinks``: (H) sink logits (gpt-oss style), as in flash_attn_func."""
+    ``sinks``: (H) sink logits (gpt-oss style), as in flash_attn_func.
+
+    8-bit caches: k_cache, v_cache int8, float8_e4m3fn or float8_e5m2 codes
+    standing for code * descale, laid out as the descale's shape says: a
+    number or (1,) per tensor, (B, Hk) per (sequence of q, kv head; FA3's
+    k_descale / v_descale), k_cache's shape without its last dim per token,
+    none given: scale 1. New k, v come in q's dtype and are quantized into the
+    caches (round to nearest even, saturating at the largest code); per_token
+    descales get the new tokens' scales (max |x| of each (token, kv head) row
+    / the largest code) written in place, per_head and per_tensor ones are
+    used as given. inf or NaN in k or v is refused before anything is written."""
     tensor_args = dict(q=q, k_cache=k_cache, v_cache=v_cache, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                        cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-                       block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks)
+                       block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks, k_descale=k_descale,
+                       v_descale=v_descale)
     _refuse_transforms("flash_attn_with_kvcache", vmap_ok=False)  # it writes the caches in place
     _one_device("flash_attn_with_kvcache", **tensor_args)
     _no_meta("flash_attn_with_kvcache", "reads the cache lengths and writes the caches", **tensor_args)
@@ -504,6 +609,11 @@ def flash_attn_with_kvcache(
     if (k is None) != (v is None):
         _raise(InvalidArgumentError, "k" if k is None else "v", None, "k and v are appended together")
     B = q.shape[0]
+    kv_dtype = kv_scale = k_scale = v_scale = None
+    if _kv8.is_kv8(k_cache) or _kv8.is_kv8(v_cache) or k_descale is not None or v_descale is not None:
+        kv_dtype = _kv8_dtype(k_cache, v_cache, "k_cache", "v_cache", k_descale, v_descale)
+        kv_scale, k_scale, v_scale = _kv8.scale_layout(k_descale, v_descale, (B, k_cache.shape[2]),
+                                                       k_cache.shape[:3])
     block_table = _kv_block_table(B, k_cache, block_table, cache_batch_idx)
     if cache_seqlens is None:
         seqlens = torch.full((B,), k_cache.shape[1] * block_table.shape[1], dtype=torch.int32)
@@ -516,7 +626,7 @@ def flash_attn_with_kvcache(
     require_non_negative(seqlens, "cache_seqlens")
     pad = _kv_per_sequence(cache_leftpad, "cache_leftpad", B) if cache_leftpad is not None else None
     if k is not None:
-        _kv_check_append(q, k_cache, v_cache, k, v)
+        _kv_check_append(q, k_cache, v_cache, k, v, kv_dtype is not None)
         grown = seqlens.long() + k.shape[1]
         if B and int(grown.max()) > _INT32_MAX:
             _raise(InvalidArgumentError, "cache_seqlens", int(seqlens.max()),
@@ -529,13 +639,19 @@ def flash_attn_with_kvcache(
                 dtype=_masks.dtype_name(q, "q"), layout="bshd", scale=softmax_scale, causal=bool(causal),
                 window_left=left, window_right=right, softcap=_softcap(softcap), alibi=alibi_slopes is not None,
                 kv_page_size=k_cache.shape[1], kv_leftpad=pad is not None)
+    if kv_dtype is not None:
+        spec.update(kv_dtype=kv_dtype, kv_scale=kv_scale)
     spec = with_fields(spec, spec_fields, "flash_attn_with_kvcache", not _compiling())
     if sinks is not None:
         problem = Problem(spec, q, k_cache, v_cache).with_sinks(sinks)
         spec, sinks = problem.spec, problem.sinks.detach()
     tensors = dict(q=q.detach(), k=k_cache.detach(), v=v_cache.detach(), alibi_slopes=alibi_slopes,
-                   block_table=block_table, cache_seqlens=seqlens, cache_leftpad=pad, sinks=sinks)
-    if k is not None:
+                   block_table=block_table, cache_seqlens=seqlens, cache_leftpad=pad, sinks=sinks, k_scale=k_scale,
+                   v_scale=v_scale)
+    if k is not None and kv_dtype is not None:
+        _append_kv8(spec, tensors, k_cache, v_cache, k, v, block_table, seqlens - k.shape[1], kv_scale,
+                    cache_batch_idx is not None)
+    elif k is not None:
         # Everything the call will be refused for is found before the caches
         # change: a refused call leaves them as they were. The tensors as they
         # will be after the append (their contents are not read), then whether
@@ -585,9 +701,43 @@ def _kv_block_table(batch, k_cache, block_table, cache_batch_idx):
     return idx.reshape(batch, 1)
 
 
-def _kv_check_append(q, k_cache, v_cache, k, v):
+def _append_kv8(spec, tensors, k_cache, v_cache, k, v, block_table, seqlens, layout, batch_idx):
+    """Quantizes k, v (B, S_new, Hk, D) into 8-bit caches at each sequence's
+    end (seqlens: the lengths before the append), all or nothing: inf/NaN, a
+    bad slot or scale, or a problem no backend runs is refused before the
+    caches change (per_token scales, written first so that validation sees the
+    scales the call will read, are put back)."""
+    refuse = (lambda t, n: _kv8.refuse_non_finite(t.detach(), n))
+    refuse(k, "k")
+    refuse(v, "v")
+    page, slot = _cache_slots(k_cache, block_table, seqlens, k.shape[1])
+    dtype, k_scale, v_scale = k_cache.dtype, tensors["k_scale"], tensors["v_scale"]
+    with torch.no_grad():
+        k, v = k.detach(), v.detach()
+        if layout == "per_token":
+            old = (k_scale[page, slot].clone(), v_scale[page, slot].clone())
+            new_k, new_v = _kv8.token_scales(k, dtype), _kv8.token_scales(v, dtype)
+            k_scale[page, slot], v_scale[page, slot] = new_k, new_v
+            k_codes, v_codes = _kv8_codes(k, layout, new_k, dtype), _kv8_codes(v, layout, new_v, dtype)
+        else:
+            k_codes, v_codes = _kv8_codes(k, layout, k_scale, dtype), _kv8_codes(v, layout, v_scale, dtype)
+        try:
+            descs, keep = _arrays.describe_all(tensors)
+            _C.validate_cache_append(spec, descs, k.shape[1], batch_idx)
+            _C.Plan(spec, "inference")
+            del keep
+        except Exception:
+            if layout == "per_token":
+                k_scale[page, slot], v_scale[page, slot] = old
+            raise
+        k_cache[page, slot] = k_codes
+        v_cache[page, slot] = v_codes
+
+
+def _kv_check_append(q, k_cache, v_cache, k, v, kv8=False):
     """New keys and values must already be what the caches hold: attend neither
-    broadcasts them over sequences or heads nor casts them."""
+    broadcasts them over sequences or heads nor casts them (8-bit caches take
+    them in q's dtype and quantize them)."""
     B = q.shape[0]
     for t, name, cache in ((k, "k", k_cache), (v, "v", v_cache)):
         _check_tensor(t, name, (4,))
@@ -600,7 +750,10 @@ def _kv_check_append(q, k_cache, v_cache, k, v):
         if t.shape[3] != cache.shape[3]:
             _raise(ShapeMismatchError, f"{name}.shape[3]", t.shape[3], f"head dim must equal {name}_cache's "
                    f"{cache.shape[3]}")
-        if t.dtype != cache.dtype:
+        if kv8 and t.dtype != q.dtype:
+            _raise(InvalidArgumentError, f"{name}.dtype", t.dtype, f"must equal q's {q.dtype}: new tokens of an "
+                   f"8-bit {name}_cache come in q's dtype and are quantized into it")
+        elif not kv8 and t.dtype != cache.dtype:
             _raise(InvalidArgumentError, f"{name}.dtype", t.dtype, f"must equal {name}_cache's {cache.dtype} "
                    "(appended tokens are not cast)")
     if v.shape[1] != k.shape[1]:
