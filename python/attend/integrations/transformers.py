@@ -56,12 +56,13 @@ except ImportError as e:
     raise ImportError(f"attend.integrations.transformers needs Hugging Face transformers with "
                       f"AttentionInterface and AttentionMaskInterface (pip install 'attend[transformers]'): {e}") from e
 
+from .. import _kv8
 from ..errors import InvalidArgumentError, ShapeMismatchError, UnsupportedError, _raise
 from .._torch_inputs import one_device
 from ..torch import (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
                      scaled_dot_product_attention)
 
-__all__ = ["NAME", "PaddingMask", "attention_forward", "create_mask", "register"]
+__all__ = ["NAME", "PaddingMask", "QuantizedKVCache", "attention_forward", "create_mask", "register"]
 
 NAME = "attend"
 
@@ -256,6 +257,7 @@ def _padded(q, k, v, m, flash, dense_fallback):
     if not positional:
         # No mask depends on positions: every query row attends to its sequence's
         # real keys, wherever they are (holes too).
+        _no_kv8(k, "a padding mask without a causal or window pattern")
         nk = valid.sum(1)
         cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device) * Sq
         cu_k = _cumulative(nk)
@@ -283,7 +285,9 @@ def _padded(q, k, v, m, flash, dense_fallback):
         # reads (under a causal mask they see no key and come out 0).
         return flash_attn_with_kvcache(q, k, v, cache_seqlens=Sk, cache_leftpad=first.to(torch.int32),
                                        softmax_scale=flash["softmax_scale"], causal=right == 0,
-                                       window_size=(left, right), softcap=flash["softcap"], sinks=flash["sinks"])
+                                       window_size=(left, right), softcap=flash["softcap"], sinks=flash["sinks"],
+                                       k_descale=flash.get("k_descale"), v_descale=flash.get("v_descale"))
+    _no_kv8(k, "padding other than left padding in inference (generate)")
     rows = torch.arange(Sq, device=q.device)
     cols = torch.arange(Sk, device=k.device)
     q_sel = (rows >= q_lo[:, None]) & (rows < q_hi[:, None])
@@ -295,9 +299,17 @@ def _padded(q, k, v, m, flash, dense_fallback):
     return out.new_zeros(B, Sq, *out.shape[1:]).index_put((q_sel,), out)
 
 
+def _no_kv8(k, what):
+    if _kv8.is_kv8(k):
+        _raise(UnsupportedError, "key.dtype", k.dtype, f"8-bit K/V (QuantizedKVCache) run without padding or with "
+               f"left padding in generation; {what} needs attend's varlen or dense-mask path, which takes no 8-bit "
+               "K/V")
+
+
 def _flat(q, k, v, cu_q, cu_k, m, flash):
     """Sequences packed along the flattened (B * S) tokens, split at cu_q / cu_k
     (padding-free batches), each attended on its own."""
+    _no_kv8(k, "a padding-free batch")
     B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
     cu_q, cu_k = cu_q.to(torch.int32), cu_k.to(torch.int32)
     for cu, n, total in ((cu_q, "cu_seq_lens_q", B * Sq), (cu_k, "cu_seq_lens_k", B * Sk)):
@@ -361,11 +373,21 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     flash = dict(dropout_p=dropout, softmax_scale=scaling, softcap=softcap, sinks=sinks)
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
     B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+    kv8 = _kv8.is_kv8(key)
+    if kv8:
+        # Codes from QuantizedKVCache.update(), which hangs their scales on
+        # them: attend reads the codes, nothing is dequantized here.
+        k_descale, v_descale = getattr(key, _DESCALE, None), getattr(value, _DESCALE, None)
+        if k_descale is None or v_descale is None:
+            _raise(InvalidArgumentError, "key.dtype", key.dtype, "8-bit keys and values need their scales: store "
+                   "them with attend.integrations.transformers.QuantizedKVCache")
+        flash.update(k_descale=k_descale, v_descale=v_descale)
 
     m = attention_mask
     if isinstance(m, torch.Tensor) and m.dim() == 4:
         _warn_once("4d", "attend: a dense 4-D attention mask was passed in; attend runs it as an additive bias "
                    "(a 2-D padding mask or the model's own mask creation avoids the dense mask)")
+        _no_kv8(key, "a dense 4-D mask")
         return _dense(query, key, value, m, dropout, scaling, softcap, sinks), None
     if m is None or isinstance(m, torch.Tensor):
         # No mask from the 'attend' mask function (a model calling attention
@@ -387,8 +409,11 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if Sk > m.kv_length:  # a static cache longer than the mask: the rest are unused slots
         k, v, key, value, Sk = k[:, :m.kv_length], v[:, :m.kv_length], key[:, :, :m.kv_length], \
             value[:, :, :m.kv_length], m.kv_length
+        if kv8 and flash["k_descale"].dim() == 3:  # per_token scales (B, S, Hk) follow the keys
+            flash.update(k_descale=flash["k_descale"][:, :Sk], v_descale=flash["v_descale"][:, :Sk])
 
     def dense_fallback(reason, what):
+        _no_kv8(k, what)
         _warn_once(reason, f"attend: {what} has no varlen form; falling back to a dense mask that attend runs "
                    "as an additive bias")
         return _dense(query, key, value, _keep(m, B, Sq, Sk, query.device), dropout, scaling, softcap, sinks)
@@ -410,6 +435,176 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     else:
         out = _padded(q, k, v, m, flash, dense_fallback)
     return out, None
+
+
+# --- an 8-bit KV cache -----------------------------------------------------------------------------
+
+# The attribute of the key/value code tensors QuantizedKVCache.update() returns
+# that holds their scales (the attention function reads it): transformers
+# hands update()'s tensors to the attention function as they are.
+_DESCALE = "_attend_descale"
+_KV8_DTYPES = {"int8": torch.int8, "i8": torch.int8}
+for _n, _a in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2")):
+    if hasattr(torch, _n):
+        _KV8_DTYPES[_n] = _KV8_DTYPES[_a] = getattr(torch, _n)
+
+
+class QuantizedKVLayer(transformers.cache_utils.DynamicLayer):
+    """One layer of a QuantizedKVCache: K and V as 8-bit codes in (B, capacity,
+    Hk, D) buffers that grow by doubling, with f32 scales (B, capacity, Hk)
+    per_token or (B, Hk) per_head."""
+
+    is_croppable = True
+
+    def __init__(self, kv_dtype: torch.dtype = torch.int8, kv_scale: str = "per_token"):
+        super().__init__()
+        self.kv_dtype, self.kv_scale = kv_dtype, kv_scale
+        self.length = 0
+        self._k = self._v = self._ks = self._vs = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    def _grow(self, batch, need, heads, dk, dv):
+        cap = 0 if self._k is None else self._k.shape[1]
+        if need <= cap:
+            return
+        cap = max(need, 2 * cap, 64)
+        def bigger(old, shape, dtype):
+            new = torch.empty(shape, dtype=dtype, device=self.device)
+            if old is not None:
+                new[:, :self.length] = old[:, :self.length]
+            return new
+        self._k = bigger(self._k, (batch, cap, heads, dk), self.kv_dtype)
+        self._v = bigger(self._v, (batch, cap, heads, dv), self.kv_dtype)
+        if self.kv_scale == "per_token":
+            self._ks = bigger(self._ks, (batch, cap, heads), torch.float32)
+            self._vs = bigger(self._vs, (batch, cap, heads), torch.float32)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Quantizes the new (B, Hk, S, D) states into the cache and returns every
+        stored token's codes as (B, Hk, S_total, D) views, their scales attached
+        for attend's attention function."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        # Refused before anything changes: no 8-bit code holds inf or NaN.
+        _kv8.refuse_non_finite(key_states, "key_states")
+        _kv8.refuse_non_finite(value_states, "value_states")
+        k, v = key_states.transpose(1, 2), value_states.transpose(1, 2)  # (B, S, Hk, D)
+        B, S, H = k.shape[0], k.shape[1], k.shape[2]
+        if self._k is not None and self._k.shape[0] != B:
+            _raise(ShapeMismatchError, "key_states.shape[0]", B, f"the cache holds {self._k.shape[0]} sequences")
+        self._grow(B, self.length + S, H, k.shape[3], v.shape[3])
+        end = self.length + S
+        with torch.no_grad():
+            if self.kv_scale == "per_token":
+                ks, vs = _kv8.token_scales(k, self.kv_dtype), _kv8.token_scales(v, self.kv_dtype)
+                self._ks[:, self.length:end], self._vs[:, self.length:end] = ks, vs
+                ks, vs = ks.unsqueeze(-1), vs.unsqueeze(-1)
+            else:
+                if self._ks is None:  # per_head: fixed by the first update, with headroom
+                    self._ks = _kv8.head_scales(k, self.kv_dtype, (1, 3))
+                    self._vs = _kv8.head_scales(v, self.kv_dtype, (1, 3))
+                ks, vs = self._ks[:, None, :, None], self._vs[:, None, :, None]
+            self._k[:, self.length:end] = _kv8.quantize(k, ks, self.kv_dtype)
+            self._v[:, self.length:end] = _kv8.quantize(v, vs, self.kv_dtype)
+        self.length = end
+        return self._views()
+
+    def _views(self):
+        keys, values = self._k[:, :self.length].transpose(1, 2), self._v[:, :self.length].transpose(1, 2)
+        per_token = self.kv_scale == "per_token"
+        setattr(keys, _DESCALE, self._ks[:, :self.length] if per_token else self._ks)
+        setattr(values, _DESCALE, self._vs[:, :self.length] if per_token else self._vs)
+        self.keys, self.values = keys, values
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def nbytes(self) -> int:
+        """Bytes of the stored tokens: codes and scales (allocated capacity aside)."""
+        if self._k is None:
+            return 0
+        b, _, h, _ = self._k.shape
+        codes = self.length * b * h * (self._k.shape[3] + self._v.shape[3]) * self._k.element_size()
+        scales = (2 * self.length * b * h if self.kv_scale == "per_token" else 2 * b * h) * 4
+        return codes + scales
+
+    def reset(self) -> None:
+        self.length = 0
+        self._k = self._v = self._ks = self._vs = None
+        self.keys = self.values = None
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove (transformers' convention)")
+        self.length = max(self.length + tokens_to_remove, 0)
+        if self._k is not None:
+            self._views()
+
+    def _select(self, index):
+        if self._k is None:
+            return
+        self._k, self._v = self._k[index], self._v[index]
+        if self._ks is not None:
+            self._ks, self._vs = self._ks[index], self._vs[index]
+        self._views()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._select(beam_idx.to(self.device))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._select(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self._k is not None:
+            self._select(torch.arange(self._k.shape[0], device=self.device).repeat_interleave(repeats))
+
+
+class QuantizedKVCache(transformers.Cache):
+    """A transformers Cache holding K and V in 8 bits, read by attend as they
+    are (attn_implementation="attend"; no layer dequantizes the cache):
+
+        cache = QuantizedKVCache(model.config)                 # int8, per-token scales
+        cache = QuantizedKVCache(model.config, "float8_e4m3fn")  # fp8, per-head scales
+        model.generate(**inputs, past_key_values=cache)
+
+    ``kv_dtype``: "int8" (default), "float8_e4m3fn" or "float8_e5m2" (torch >=
+    2.1), or the torch dtype. ``kv_scale``: "per_token" (int8's default: one
+    f32 scale per token and kv head, max |x| / code max, so each row's largest
+    element is exact) or "per_head" (fp8's default: one per sequence and kv
+    head, fixed at the first update (the prompt) at twice its max |x| / code
+    max; later values beyond that saturate at the largest code). Values are
+    rounded to nearest even; inf/NaN states are refused. Full-attention
+    models; batches without padding or with left padding (generate)."""
+
+    def __init__(self, config: Any = None, kv_dtype: Any = "int8", kv_scale: Optional[str] = None):
+        dtype = _KV8_DTYPES.get(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
+        if dtype not in _kv8.KV8:
+            _raise(InvalidArgumentError, "kv_dtype", kv_dtype, "expected int8, float8_e4m3fn or float8_e5m2 (the "
+                   "float8 dtypes need torch >= 2.1)")
+        if kv_scale is None:
+            kv_scale = "per_token" if dtype == torch.int8 else "per_head"
+        if kv_scale not in ("per_token", "per_head"):
+            _raise(InvalidArgumentError, "kv_scale", kv_scale, "expected per_token or per_head")
+        self.kv_dtype, self.kv_scale = dtype, kv_scale
+        make = (lambda: QuantizedKVLayer(dtype, kv_scale))
+        if config is not None:
+            n = config.get_text_config(decoder=True).num_hidden_layers
+            super().__init__(layers=[make() for _ in range(n)])
+        else:
+            super().__init__(layer_class_to_replicate=make)
+
+    def nbytes(self) -> int:
+        """Bytes of the stored tokens over every layer: codes and scales."""
+        return sum(layer.nbytes() for layer in self.layers)
 
 
 # The range pyproject.toml's "transformers" extra pins and the tests run (5.0.0, 5.25.0).
