@@ -14,7 +14,16 @@ length (default 4,096 and 12,288 tokens):
 - decode: --decode-tokens single-token steps on the prefill's KV cache
   (transformers' DynamicCache), ms per token, best of --reps.
 
-ratio = sdpa time / attend time (> 1: attend is faster). Needs transformers
+ratio = sdpa time / attend time (> 1: attend is faster).
+
+--kv8 int8|float8_e4m3fn|float8_e5m2 adds a third row, "kv8": attend on an
+8-bit attend.integrations.transformers.QuantizedKVCache (prefill quantizes
+into it; decode reads the codes), with the caches' bytes. --synthetic skips
+the prefills: each cache is filled with random K/V of the context length
+(per layer, through the cache's own update, so the 8-bit one quantizes), and
+only decode is timed, so long contexts fit a small machine.
+
+Needs transformers
 >= 5 and PYTHONPATH=build/python (the in-tree package) or an installed attend:
 
     PYTHONPATH=build/python scripts/python-venv.sh torch2 python/bench_transformers.py
@@ -47,6 +56,7 @@ QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num
                  num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
 IMPLS = ("attend", "sdpa")
+KV8 = "kv8"  # attend on a QuantizedKVCache (--kv8)
 
 
 def cpu_model():
@@ -74,8 +84,42 @@ def timed(fn):
     return time.perf_counter() - t0, out
 
 
-def prefill(model, ids):
-    return model(input_ids=ids, use_cache=True, logits_to_keep=1)
+def prefill(model, ids, cache=None):
+    extra = {_cache_kw(model): cache} if cache is not None else {}
+    return model(input_ids=ids, use_cache=True, logits_to_keep=1, **extra)
+
+
+def new_cache(impl, args):
+    """A fresh cache for impl: None (the model's default DynamicCache) or the
+    8-bit QuantizedKVCache."""
+    if impl != KV8:
+        return None
+    from attend.integrations.transformers import QuantizedKVCache
+    return QuantizedKVCache(None, args.kv8)
+
+
+def synthetic_cache(impl, args, model, n, gen):
+    """A cache holding n tokens of random K/V per layer (the same values for
+    every impl: the generator is re-seeded), filled through its own update."""
+    cfg = model.config
+    cache = new_cache(impl, args)
+    if cache is None:  # (not `or`: an empty Cache has no layers yet and is falsy)
+        cache = transformers.DynamicCache()
+    g = torch.Generator().manual_seed(7)
+    d = cfg.hidden_size // cfg.num_attention_heads
+    for layer in range(cfg.num_hidden_layers):
+        k = torch.randn(1, cfg.num_key_value_heads, n, d, generator=g).to(model.dtype)
+        v = torch.randn(1, cfg.num_key_value_heads, n, d, generator=g).to(model.dtype)
+        cache.update(k, v, layer)
+    return cache
+
+
+def cache_bytes(cache):
+    """Bytes of a cache's stored tokens (codes and scales for the 8-bit one)."""
+    if hasattr(cache, "nbytes"):
+        return cache.nbytes()
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
+               if t is not None)
 
 
 def _cache_kw(model):
@@ -110,6 +154,10 @@ def main():
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=0, help="0: torch's default")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--kv8", choices=["int8", "float8_e4m3fn", "float8_e5m2"],
+                    help="also run attend on an 8-bit QuantizedKVCache of this dtype")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="fill the caches with random K/V instead of prefilling; time decode only")
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -121,6 +169,11 @@ def main():
     print(f"# model: Qwen2-0.5B shape, {args.layers} layers, heads 14/2, D=64, {args.dtype}, random weights")
     model = build_model(args)
     gen = torch.Generator().manual_seed(1)
+    impls = IMPLS + ((KV8,) if args.kv8 else ())
+    if args.kv8:
+        print(f"# kv8: attend on QuantizedKVCache({args.kv8}); attend and sdpa on the {args.dtype} DynamicCache")
+    if args.synthetic:
+        return synthetic_decode(model, impls, args, gen)
     rows = []
     header = f"{'context':>8} {'impl':>7} {'first prefill s':>16} {'prefill s':>10} {'prefill tok/s':>14} " \
              f"{'decode ms/tok':>14}"
@@ -135,14 +188,16 @@ def main():
             prefill(model, warm)
         for n in args.contexts:
             ids = torch.randint(0, QWEN2_05B["vocab_size"], (1, n), generator=gen)
-            best = {impl: [float("inf"), float("inf")] for impl in IMPLS}
+            best = {impl: [float("inf"), float("inf")] for impl in impls}
+            nbytes = {}
             first_s = {}
             # Alternate the implementations each repetition, so that drift of
             # the machine's clock falls on both alike.
             for rep in range(args.reps + 1):
-                for impl in IMPLS:
-                    model.set_attn_implementation(impl)
-                    s, out = timed(lambda: prefill(model, ids))
+                for impl in impls:
+                    model.set_attn_implementation("attend" if impl == KV8 else impl)
+                    s, out = timed(lambda: prefill(model, ids, new_cache(impl, args)))
+                    nbytes[impl] = cache_bytes(_cache_of(out))
                     if rep == 0:  # the first prefill of this length
                         first_s[impl] = s
                         continue
@@ -150,19 +205,53 @@ def main():
                     next_id = out.logits[:, -1:].argmax(-1)
                     best[impl][1] = min(best[impl][1], decode(model, _cache_of(out), next_id,
                                                               args.decode_tokens))
-            for impl in IMPLS:
+            for impl in impls:
                 pre, dec = best[impl]
                 row = dict(context=n, impl=impl, first_prefill_s=first_s[impl], prefill_s=pre, prefill_tok_s=n / pre,
-                           decode_ms_per_token=1e3 * dec)
+                           decode_ms_per_token=1e3 * dec, cache_bytes=nbytes[impl])
                 rows.append(row)
-                print(f"{n:>8} {impl:>7} {first_s[impl]:>16.3f} {pre:>10.3f} {n / pre:>14.1f} {1e3 * dec:>14.2f}")
-            a, s = best["attend"], best["sdpa"]
-            print(f"{n:>8} {'ratio':>7} {first_s['sdpa'] / first_s['attend']:>16.2f} {s[0] / a[0]:>10.2f} "
-                  f"{'':>14} {s[1] / a[1]:>14.2f}   (sdpa / attend)")
+                print(f"{n:>8} {impl:>7} {first_s[impl]:>16.3f} {pre:>10.3f} {n / pre:>14.1f} {1e3 * dec:>14.2f}"
+                      f"   cache {nbytes[impl] / 2 ** 20:.1f} MiB")
+            s = best["sdpa"]
+            for impl in impls[:1] + impls[2:]:
+                a = best[impl]
+                print(f"{n:>8} {'ratio':>7} {first_s['sdpa'] / first_s[impl]:>16.2f} {s[0] / a[0]:>10.2f} "
+                      f"{'':>14} {s[1] / a[1]:>14.2f}   (sdpa / {impl})")
+    write_json(args, rows)
+
+
+def write_json(args, rows):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(cpu=cpu_model(), threads=torch.get_num_threads(), layers=args.layers, dtype=args.dtype,
-                           rows=rows), f, indent=1)
+                           kv8=args.kv8, synthetic=args.synthetic, rows=rows), f, indent=1)
+
+
+def synthetic_decode(model, impls, args, gen):
+    """Decode only, on caches filled with random K/V (--synthetic)."""
+    rows = []
+    print(f"{'context':>8} {'impl':>7} {'decode ms/tok':>14} {'decode tok/s':>13} {'cache MiB':>10}")
+    with torch.inference_mode():
+        next_id = torch.randint(0, QWEN2_05B["vocab_size"], (1, 1), generator=gen)
+        for n in args.contexts:
+            best, nbytes = {impl: float("inf") for impl in impls}, {}
+            # rep 0 warms each implementation at this context (allocations, selection), untimed.
+            for rep in range(args.reps + 1):
+                for impl in impls:
+                    model.set_attn_implementation("attend" if impl == KV8 else impl)
+                    cache = synthetic_cache(impl, args, model, n, gen)
+                    nbytes[impl] = cache_bytes(cache)
+                    dec = decode(model, cache, next_id, args.decode_tokens)
+                    if rep > 0:
+                        best[impl] = min(best[impl], dec)
+            for impl in impls:
+                rows.append(dict(context=n, impl=impl, decode_ms_per_token=1e3 * best[impl],
+                                 decode_tok_s=1 / best[impl], cache_bytes=nbytes[impl]))
+                print(f"{n:>8} {impl:>7} {1e3 * best[impl]:>14.2f} {1 / best[impl]:>13.1f} "
+                      f"{nbytes[impl] / 2 ** 20:>10.1f}")
+            for impl in impls[:1] + impls[2:]:
+                print(f"{n:>8} {'ratio':>7} {best['sdpa'] / best[impl]:>14.2f}   (sdpa / {impl} decode time)")
+    write_json(args, rows)
 
 
 if __name__ == "__main__":
