@@ -3,6 +3,8 @@
 // cache by accident (its dtype checks look at spec.dtype, the queries').
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -28,6 +30,18 @@ inline void require_kv_dtype(const AttentionSpec& s, Pass pass, std::string_view
     return "kv_dtype=" + kv + " is not read by " + std::string(backend) +
            " (8-bit K/V: the CPU backends decode and flash)";
   });
+}
+
+// A kernel family's forward kernels over an 8-bit K/V:
+// [q/out dtype: f32, bf16, f16][kv dtype: fp8_e4m3, fp8_e5m2, i8].
+template <class Kernels>
+using Kv8Kernels = std::array<std::array<Kernels, 3>, 3>;
+
+template <class Kernels>
+const Kernels& kv8_kernels(const Kv8Kernels<Kernels>& table, DType dtype, DType kv_dtype) {
+  const std::size_t q = dtype == DType::bf16 ? 1 : dtype == DType::f16 ? 2 : 0;
+  const std::size_t kv = kv_dtype == DType::fp8_e4m3 ? 0 : kv_dtype == DType::fp8_e5m2 ? 1 : 2;
+  return table[q][kv];
 }
 
 }  // namespace attend::detail

@@ -2,12 +2,12 @@
 // selector picks one per problem (Target::variant), within the ATTEND_ISA policy.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <string_view>
 
 #include "backends/flash/flash_params.h"
 #include "cpu/isa.h"
+#include "kernel/kv_support.h"
 
 namespace attend::flash {
 
@@ -37,14 +37,9 @@ struct KernelTable {
   DtypeKernels f32, bf16, f16;
   std::int64_t (*forward_scratch)(std::int64_t dqk, std::int64_t dv) = nullptr;   // floats per thread
   std::int64_t (*backward_scratch)(std::int64_t dqk, std::int64_t dv) = nullptr;  // floats per thread
-  // An 8-bit K/V, forward only: q8[q/out dtype: f32, bf16, f16][kv dtype: fp8_e4m3, fp8_e5m2, i8].
-  std::array<std::array<DtypeKernels, 3>, 3> q8{};
+  detail::Kv8Kernels<DtypeKernels> q8{};                                          // an 8-bit K/V (forward only)
   const DtypeKernels& for_dtype(DType dtype, DType kv_dtype) const {
-    if (is_kv8(kv_dtype)) {
-      const std::size_t e = dtype == DType::bf16 ? 1 : dtype == DType::f16 ? 2 : 0;
-      const std::size_t k = kv_dtype == DType::fp8_e4m3 ? 0 : kv_dtype == DType::fp8_e5m2 ? 1 : 2;
-      return q8[e][k];
-    }
+    if (is_kv8(kv_dtype)) return detail::kv8_kernels(q8, dtype, kv_dtype);
     return dtype == DType::bf16 ? bf16 : dtype == DType::f16 ? f16 : f32;
   }
   const DtypeKernels& for_dtype(DType dtype) const { return for_dtype(dtype, dtype); }
