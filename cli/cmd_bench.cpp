@@ -235,8 +235,8 @@ int run_bench(BenchCommand& cmd, const CLI::App& sub) {
     Problem p = base;
     p.spec = spec;
     const ProblemData d = make_data(p, DataSources{{}, {}, {}, {}, seed, true, {}});
-    return ab::ProblemTensors{d.q, d.k, d.v, d.dout, d.bias, d.slopes, d.cu_seqlens_q, d.cu_seqlens_kv, d.cache,
-                              d.k_scale, d.v_scale};
+    return ab::ProblemTensors{d.q,     d.k,       d.v,      d.dout, d.bias, d.slopes, d.cu_seqlens_q, d.cu_seqlens_kv,
+                              d.cache, d.k_scale, d.v_scale};
   };
   const std::vector<attend::AttentionSpec> problems = problems_of(cmd, base);
 
