@@ -207,7 +207,11 @@ bool scales_ok(const float* x, std::int64_t n) {
 }
 
 void check_scales(const AttentionSpec& s, const Inputs& in) {
-  for (const auto& [name, t] : {std::pair{"k_scale", &in.k_scale}, std::pair{"v_scale", &in.v_scale}}) {
+  for (const auto& which : {std::pair{"k_scale", &in.k_scale}, std::pair{"v_scale", &in.v_scale}}) {
+    // Plain names, not a structured binding: the lambda below captures them
+    // (clang before 16 cannot capture a binding).
+    const char* name = which.first;
+    const TensorView* t = which.second;
     const auto* base = t->as<const float>();
     const auto check = [&](std::int64_t offset, auto... index) {
       const float x = base[offset];
