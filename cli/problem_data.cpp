@@ -254,7 +254,8 @@ void quantize_dense(const AttentionSpec& s, const Tensor& wide, const attend::Te
     for (std::int64_t i = 0; i < wide.numel(); ++i) store(codes.data(), kv, i, load(wide.data(), s.dtype, i));
     return;
   }
-  const std::span<const std::int64_t> dims = attend::expected_shape(s, attend::Role::k_scale).span();
+  const attend::Shape expected = attend::expected_shape(s, attend::Role::k_scale);  // outlives the span below
+  const std::span<const std::int64_t> dims = expected.span();
   scale = zeros(DType::f32, Shape(dims.begin(), dims.end()));
   float* sc = scale.as<float>();
   const KVScaleIndex index(s, shape, cu_seqlens_kv, {});
