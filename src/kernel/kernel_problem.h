@@ -45,7 +45,6 @@ struct KernelProblem {
   // code * scale (kscale for K, vscale for V; AttentionSpec::kv_scale).
   DType kv_dtype = DType::f32;
   KVScaleView kscale, vscale;
-  bool kv_quantized() const { return is_kv8(kv_dtype); }
   const void* bias = nullptr;
   BiasStrides sbias;
 

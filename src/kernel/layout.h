@@ -93,8 +93,6 @@ struct KVScaleView {
     if (!data) return 1.0f;
     return data[paged ? pages.offset(st, b, row, hk) : st.offset(b, row, hk)];
   }
-  // The same scale for every row of (b, hk): per-head, per-tensor or none.
-  bool per_row() const { return data && st.s != 0; }
 };
 KVScaleView kv_scale_view(const AttentionSpec& spec, const TensorView& scale);
 
