@@ -21,6 +21,15 @@ struct DtypeKernels {
   // start at task.kv_part, for key rows [j0, j0 + n) of (task.b, task.hk).
   void (*store_kv_parts)(const FlashParams&, const BackwardTask& task, std::int64_t parts, std::int64_t j0,
                          std::int64_t n) = nullptr;
+  // Forward kernels that read K/V packed per (batch, kv head) (FlashParams::
+  // packed_kv): packs key blocks [kb0, kb1) of (b, hk) — block kb holds the
+  // sequence's keys [kb * block_n, (kb + 1) * block_n) — into the pair's
+  // buffer `dst`, packed_block_words apart; scratch is the thread's. Null: the
+  // forward packs per task only.
+  void (*pack_kv)(const FlashParams&, std::int64_t b, std::int64_t hk, std::int64_t kb0, std::int64_t kb1,
+                  std::uint32_t* dst, float* scratch) = nullptr;
+  std::int64_t (*packed_block_words)(std::int64_t dqk, std::int64_t dv) = nullptr;
+  std::int64_t block_n = 0;  // keys per packed block
   // Floats per thread these kernels need beyond the table's forward_scratch /
   // backward_scratch (and the bf16/f16 dQ sum); null: none.
   std::int64_t (*forward_extra)(std::int64_t dqk, std::int64_t dv) = nullptr;
@@ -48,6 +57,14 @@ struct KernelTable {
 KernelTable kernels_scalar();
 KernelTable kernels_avx2();
 KernelTable kernels_avx512();
+// Bytes the bf16-GEMM forward may take for K/V packed once per (batch, kv
+// head) (flash_backend.cpp): ATTEND_FLASH_PACKED_KV_MB MiB, 256 by default
+// (attend::Error naming the variable if it is not a number in range). Tests
+// set 0 to run a problem with each task packing its own key blocks (the same
+// result, bit for bit), and -1 to return to the environment's; a workspace
+// sized under an earlier budget stays valid.
+std::int64_t packed_kv_budget();
+void set_packed_kv_budget(std::int64_t bytes);
 // avx512 plus AVX512-BF16: the bf16 forward and backward run on vdpbf16ps
 // (forward_bf16_impl.h, backward_bf16_impl.h).
 KernelTable kernels_avx512bf16();

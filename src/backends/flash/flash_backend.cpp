@@ -5,8 +5,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <charconv>
 #include <cstdlib>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -60,6 +65,30 @@ std::int64_t backward_splits(const AttentionSpec& s) {
 // Floats of one slice's dK/dV share (seqlen_kv: the varlen maximum).
 std::int64_t kv_part_floats(const AttentionSpec& s) {
   return detail::sat_mul(s.seqlen_kv, detail::sat_add(s.head_dim_qk, s.head_dim_v));
+}
+
+// The bf16-GEMM forward reads K/V packed once per (batch, kv head) pair for
+// all the pair's tasks — its GQA group's query heads and every query block —
+// where more than one task reads each key block; alone, each task packs (and,
+// for an 8-bit K/V, widens) the blocks it reads, group x query blocks times
+// over. The buffers go ahead of the per-thread scratch and take at most
+// flash::packed_kv_budget() bytes: pairs are packed and run in chunks that
+// fit, and with none that fits (one pair's K/V past the budget) the tasks pack.
+struct PackedKvPlan {
+  std::int64_t blocks = 0, pair_words = 0;  // key blocks and 32-bit words of one pair
+  std::int64_t chunk = 0;                   // pairs packed at a time; 0: per task
+  std::int64_t floats() const { return detail::sat_mul(chunk, pair_words); }
+};
+
+PackedKvPlan packed_kv_plan(const flash::KernelTable& k, const flash::DtypeKernels& kd, const AttentionSpec& s) {
+  if (kd.pack_kv == nullptr || s.seqlen_kv <= 0) return {};
+  if (detail::sat_mul(s.group_size(), detail::ceil_div(s.seqlen_q, k.block_m)) < 2) return {};
+  PackedKvPlan plan;
+  plan.blocks = detail::ceil_div(s.seqlen_kv, kd.block_n);
+  plan.pair_words = detail::sat_mul(plan.blocks, kd.packed_block_words(s.head_dim_qk, s.head_dim_v));
+  const std::int64_t fit = flash::packed_kv_budget() / detail::sat_mul(plan.pair_words, sizeof(std::uint32_t));
+  plan.chunk = std::min(detail::sat_mul(s.batch, s.heads_kv), fit);
+  return plan;
 }
 
 // Floats of all shares, ahead of the per-thread scratch in the workspace
@@ -143,7 +172,10 @@ class FlashBackend final : public Backend {
 
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target& target) const override {
     const flash::KernelTable& k = table(target);
-    if (pass == Pass::forward) return detail::sat_float_bytes(forward_floats(k, s), detail::thread_budget());
+    if (pass == Pass::forward) {
+      const std::size_t packed = detail::sat_float_bytes(packed_floats(k, s), 1);
+      return detail::sat_add_bytes(detail::sat_float_bytes(forward_floats(k, s), detail::thread_budget()), packed);
+    }
     const std::size_t scratch = detail::sat_float_bytes(backward_floats(k, s), detail::thread_budget());
     const std::size_t parts = detail::sat_float_bytes(kv_parts_floats(s, backward_splits(s)), 1);
     return detail::sat_add_bytes(scratch, parts);
@@ -152,22 +184,48 @@ class FlashBackend final : public Backend {
   void run_forward(const ForwardArgs& a) const override {
     const flash::KernelTable& k = table(a.target);
     const flash::DtypeKernels& kd = k.for_dtype(a.spec.dtype, a.spec.effective_kv_dtype());
-    const flash::FlashParams p = flash::make_forward_params(a);
-    // Tasks: (batch, head, query block), query blocks innermost so that threads
-    // working side by side share one head's K/V in cache. Later query blocks
-    // see more keys under a causal mask, so each head's are queued first.
-    struct Task { std::int64_t b, h, qb; };
-    std::vector<Task> tasks;
-    for (std::int64_t b = 0; b < p.batch; ++b) {
-      const std::int64_t blocks = (p.span(b).q_len + k.block_m - 1) / k.block_m;
-      for (std::int64_t h = 0; h < p.heads_q; ++h) {
-        for (std::int64_t qb = blocks - 1; qb >= 0; --qb) tasks.push_back({b, h, qb});
-      }
-    }
+    flash::FlashParams p = flash::make_forward_params(a);
     const std::size_t per_thread = static_cast<std::size_t>(forward_floats(k, a.spec));
-    run_parallel(a.workspace, per_thread, static_cast<std::int64_t>(tasks.size()), [&](std::int64_t t, float* scratch) {
-      kd.forward_block(p, tasks[t].b, tasks[t].h, tasks[t].qb, scratch);
-    });
+    PackedKvPlan packed = packed_kv_plan(k, kd, a.spec);
+    std::int64_t packed_at = packed_floats(k, a.spec);
+    // A workspace sized before the budget changed may lack the room: pack per task.
+    if (static_cast<std::size_t>(packed_at) + per_thread > a.workspace.bytes / sizeof(float)) {
+      packed = {};
+      packed_at = 0;
+    }
+    auto* buffer = static_cast<std::uint32_t*>(a.workspace.data);
+    const Workspace scratch_ws{static_cast<float*>(a.workspace.data) + packed_at,
+                               a.workspace.bytes - static_cast<std::size_t>(packed_at) * sizeof(float)};
+    const std::int64_t pairs = p.batch * p.heads_kv, chunk = packed.chunk > 0 ? packed.chunk : pairs;
+    for (std::int64_t first = 0; first < pairs; first += chunk) {
+      const std::int64_t count = std::min(chunk, pairs - first);
+      if (packed.chunk > 0) {
+        p.packed_kv = buffer;
+        p.packed_first = first;
+        p.packed_count = count;
+        p.packed_words = packed.pair_words;
+        p.packed_blocks = packed.blocks;
+        pack_pairs(p, kd, scratch_ws, per_thread, buffer);
+      }
+      // Tasks: (batch, head, query block), query blocks innermost so that
+      // threads working side by side share one head's K/V in cache. Later
+      // query blocks see more keys under a causal mask, so each head's are
+      // queued first.
+      struct Task {
+        std::int64_t b, h, qb;
+      };
+      std::vector<Task> tasks;
+      for (std::int64_t pair = first; pair < first + count; ++pair) {
+        const std::int64_t b = pair / p.heads_kv, hk = pair % p.heads_kv;
+        const std::int64_t blocks = (p.span(b).q_len + k.block_m - 1) / k.block_m;
+        for (std::int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h) {
+          for (std::int64_t qb = blocks - 1; qb >= 0; --qb) tasks.push_back({b, h, qb});
+        }
+      }
+      run_parallel(
+          scratch_ws, per_thread, static_cast<std::int64_t>(tasks.size()),
+          [&](std::int64_t t, float* scratch) { kd.forward_block(p, tasks[t].b, tasks[t].h, tasks[t].qb, scratch); });
+    }
   }
 
   void run_backward(const BackwardArgs& a) const override {
@@ -215,6 +273,32 @@ class FlashBackend final : public Backend {
     const auto i = static_cast<std::size_t>(t.variant);
     return i < std::size(flash::kFamilies) ? flash::kernels_for(flash::kFamilies[i]) : flash::kernels_amx_emulated();
   }
+  // Floats of the packed K/V ahead of the threads' scratch, a whole number of cache lines.
+  static std::int64_t packed_floats(const flash::KernelTable& k, const AttentionSpec& s) {
+    const flash::DtypeKernels& kd = k.for_dtype(s.dtype, s.effective_kv_dtype());
+    return detail::sat_mul(detail::ceil_div(packed_kv_plan(k, kd, s).floats(), 16), 16);
+  }
+
+  // Packs the key blocks the queries of p's packed pairs see, kChunk blocks a
+  // task, into buffer (pair packed_first first).
+  static void pack_pairs(const flash::FlashParams& p, const flash::DtypeKernels& kd, const Workspace& ws,
+                         std::size_t per_thread, std::uint32_t* buffer) {
+    constexpr std::int64_t kChunk = 8;
+    std::vector<std::array<std::int64_t, 3>> items;  // (pair, first block, end block)
+    for (std::int64_t pair = p.packed_first; pair < p.packed_first + p.packed_count; ++pair) {
+      const detail::SeqSpan span = p.span(pair / p.heads_kv);
+      if (span.q_len <= 0) continue;
+      const std::int64_t lo = p.keys(0, span).begin / kd.block_n;
+      const std::int64_t hi = std::min(p.packed_blocks, detail::ceil_div(p.keys(span.q_len - 1, span).end, kd.block_n));
+      for (std::int64_t kb = lo; kb < hi; kb += kChunk) items.push_back({pair, kb, std::min(kb + kChunk, hi)});
+    }
+    run_parallel(ws, per_thread, static_cast<std::int64_t>(items.size()), [&](std::int64_t t, float* scratch) {
+      const auto [pair, kb0, kb1] = items[static_cast<std::size_t>(t)];
+      kd.pack_kv(p, pair / p.heads_kv, pair % p.heads_kv, kb0, kb1, buffer + (pair - p.packed_first) * p.packed_words,
+                 scratch);
+    });
+  }
+
   // Floats of one thread's scratch: the family's tiles, the element type's
   // extras (bf16 GEMM packs) and, for bf16/f16 backward, the f32 dQ sum.
   static std::int64_t forward_floats(const flash::KernelTable& k, const AttentionSpec& s) {
@@ -250,6 +334,40 @@ class FlashBackend final : public Backend {
 }  // namespace
 
 std::shared_ptr<const Backend> make_flash_backend() { return std::make_shared<FlashBackend>(); }
+
+namespace flash {
+namespace {
+
+constexpr char kPackedKvEnv[] = "ATTEND_FLASH_PACKED_KV_MB";
+constexpr std::int64_t kMaxPackedKvMb = std::int64_t{1} << 24;
+
+std::int64_t budget_from_env() {
+  const char* v = std::getenv(kPackedKvEnv);
+  if (v == nullptr || *v == '\0') return std::int64_t{256} << 20;
+  const std::string_view text(v);
+  std::int64_t mb = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), mb);
+  if (ec != std::errc() || end != text.data() + text.size() || mb < 0 || mb > kMaxPackedKvMb) {
+    throw Error(
+        ErrorCode::invalid_argument, kPackedKvEnv, std::string(text),
+        "expected a whole number of MiB from 0 (each task packs its own K/V) to " + std::to_string(kMaxPackedKvMb));
+  }
+  return mb << 20;
+}
+
+// -1: not set by set_packed_kv_budget; the environment's (read on each use, so
+// that a bad value is reported wherever it is met).
+std::atomic<std::int64_t> g_packed_kv_budget{-1};
+
+}  // namespace
+
+std::int64_t packed_kv_budget() {
+  const std::int64_t set = g_packed_kv_budget.load(std::memory_order_relaxed);
+  return set >= 0 ? set : budget_from_env();
+}
+void set_packed_kv_budget(std::int64_t bytes) { g_packed_kv_budget.store(std::max<std::int64_t>(-1, bytes)); }
+
+}  // namespace flash
 
 std::string_view flash_active_isa() {
   static const auto backend = make_flash_backend();

@@ -64,6 +64,19 @@ struct FlashParams : detail::KernelProblem {
     return base + sv.offset(b, s.kv_begin + t, hk);
   }
   float slope(std::int64_t b, std::int64_t h) const { return slopes(b, h); }
+
+  // The bf16-GEMM forward's K/V, packed once per call for every task of a
+  // (batch, kv head) pair instead of once per task (flash_backend.cpp,
+  // forward_bf16_impl.h): pairs b * heads_kv + hk in [packed_first,
+  // packed_first + packed_count), packed_words apart, each the pair's first
+  // packed_blocks key blocks (DtypeKernels::pack_kv). Null: each task packs
+  // the key blocks it reads itself.
+  const std::uint32_t* packed_kv = nullptr;
+  std::int64_t packed_first = 0, packed_count = 0, packed_words = 0, packed_blocks = 0;
+  const std::uint32_t* packed_pair(std::int64_t b, std::int64_t hk) const {
+    const std::int64_t i = b * heads_kv + hk - packed_first;
+    return packed_kv != nullptr && i >= 0 && i < packed_count ? packed_kv + i * packed_words : nullptr;
+  }
 };
 
 // One backward task: the query heads [g_begin, g_end) of the GQA group of

@@ -34,21 +34,40 @@
 
 namespace attend::flash::ATTEND_FLASH_ISA {
 
-// Scratch floats of the bf16 forward beyond forward_scratch_floats: P as key
-// pairs; for AMX, head-dim pairs padded to 16 (Q^T, K) and V^T beside V's pairs.
-// (The level-2 accumulator and sums are forward_scratch_floats' own: the
-// pairs leave the f32 layout's room to spare.)
-template <class S>
-std::int64_t forward_bf16_extra_floats(std::int64_t, std::int64_t dv) {
-  using T = KernelTraits<S>;
-  return T::fwd_n / 2 * T::fwd_m + 16 * (T::fwd_m + T::fwd_n) + T::fwd_n / 2 * round_up(dv, S::W);
+// Pairs along the head dimension (AMX: padded to its 16-pair tile depth).
+template <bool kAmx>
+constexpr std::int64_t head_pairs(std::int64_t dqk) {
+  return kAmx ? round_up((dqk + 1) / 2, 16) : (dqk + 1) / 2;
 }
 
-// An 8-bit K/V also holds a block of V's codes as bf16 rows (dvp apart).
-template <class S>
-std::int64_t forward_bf16_q8_extra_floats(std::int64_t dqk, std::int64_t dv) {
-  using T = KernelTraits<S>;
-  return forward_bf16_extra_floats<S>(dqk, dv) + T::fwd_n * round_up(dv, S::W) / 2;
+// Words of one packed block of BN keys: K as BN rows of head-dim pairs; V as
+// BN / 2 rows of key pairs (vdpbf16ps) or, for AMX, their transpose (dvp rows
+// of BN / 2 key pairs, the tile A operand of O^T = V^T P^T); then one word
+// saying whether V's rows are all finite (nonfinite_tile.h), padded to a
+// cache line. K/V are packed once per (batch, kv head) for all its tasks
+// (FlashParams::packed_kv) or, without that buffer, per task into scratch.
+template <class S, class Tiles>
+std::int64_t packed_block_words(std::int64_t dqk, std::int64_t dv) {
+  using Tr = KernelTraits<S>;
+  return Tr::fwd_n * head_pairs<!std::is_void_v<Tiles>>(dqk) + Tr::fwd_n / 2 * round_up(dv, S::W) + 16;
+}
+
+// Floats of the bf16 forward's scratch, laid out in forward_block_bf16_gemm
+// (an 8-bit K/V adds a block of V's codes as bf16 rows, dvp apart), beyond
+// what forward_scratch_floats already gives.
+template <class S, class Tiles, bool kQuant>
+std::int64_t forward_bf16_extra_floats(std::int64_t dqk, std::int64_t dv) {
+  using Tr = KernelTraits<S>;
+  constexpr std::int64_t BM = Tr::fwd_m, BN = Tr::fwd_n;
+  const std::int64_t dvp = round_up(dv, S::W);
+  const std::int64_t need = head_pairs<!std::is_void_v<Tiles>>(dqk) * BM  // Q^T pairs
+                            + packed_block_words<S, Tiles>(dqk, dv)       // a block packed here
+                            + BN / 2 * dvp                                // V's pairs before AMX's transpose
+                            + BN * BM + BN / 2 * BM                       // S^T / P^T, P^T pairs
+                            + 2 * (BM * dvp + 3 * BM)                     // both levels' O and statistics
+                            + (kQuant ? BN * dvp / 2 : 0)                 // an 8-bit V's rows as bf16
+                            + 64;
+  return std::max<std::int64_t>(0, need - forward_scratch_floats<S>(dqk, dv));
 }
 
 // dst[pp * ldd + r] = (src[r][2pp], src[r][2pp + 1]) as one word, for pp < kp
@@ -96,6 +115,87 @@ inline void codes_to_bf16(const KV* src, std::int64_t n, detail::bf16_t* dst) {
   }
 }
 
+// Packs keys [j0, j0 + n) (n <= BN) of (batch b, kv head hk) into one block
+// at dst (packed_block_words' layout). vv is scratch for V's pairs before
+// AMX's transpose, vcodes for an 8-bit V's rows widened to bf16. Rows past n
+// that a GEMM reads (AMX: up to 32 keys, 16 pairs) are zeros.
+template <class S, class Tiles, class KV>
+void pack_kv_block(const FlashParams& p, std::int64_t b, std::int64_t hk, const detail::SeqSpan& span, std::int64_t j0,
+                   std::int64_t n, std::uint32_t* dst, std::uint32_t* vv, detail::bf16_t* vcodes) {
+  constexpr bool kAmx = !std::is_void_v<Tiles>;
+  constexpr bool kQuant = !std::is_same_v<KV, detail::bf16_t>;
+  constexpr std::int64_t BN = KernelTraits<S>::fwd_n;
+  using detail::bf16_t;
+  const std::int64_t dqk = p.dqk, dv = p.dv, dvp = round_up(dv, S::W), kp = head_pairs<kAmx>(dqk);
+  const std::int64_t np = (n + 1) / 2;
+  const __mmask16 dv_tail = static_cast<__mmask16>((1u << (dv % 16)) - 1u);
+  for (std::int64_t j = 0; j < n; ++j) {
+    std::uint32_t* row = dst + j * kp;
+    std::fill(row + dqk / 2, row + kp, 0u);  // the odd head dim's missing half, AMX padding
+    if constexpr (kQuant) {
+      codes_to_bf16<S>(p.k_row<KV>(b, span, j0 + j, hk), dqk, reinterpret_cast<bf16_t*>(row));
+      codes_to_bf16<S>(p.v_row<KV>(b, span, j0 + j, hk), dv, vcodes + j * dvp);
+    } else {
+      std::memcpy(row, p.k_row<bf16_t>(b, span, j0 + j, hk), static_cast<std::size_t>(dqk) * sizeof(bf16_t));
+    }
+  }
+  if constexpr (kAmx) std::fill(dst + n * kp, dst + round_up(n, 32) * kp, 0u);
+  const auto v_bf16 = [&](std::int64_t j) -> const bf16_t* {
+    if constexpr (kQuant) {
+      return vcodes + j * dvp;
+    } else {
+      return p.v_row<bf16_t>(b, span, j0 + j, hk);
+    }
+  };
+  std::uint32_t* vout = dst + BN * kp;
+  std::uint32_t* pairs = kAmx ? vv : vout;  // (v[2pp][d], v[2pp + 1][d]), dvp words a row
+  for (std::int64_t pp = 0; pp < np; ++pp) {
+    const bf16_t* v0 = v_bf16(2 * pp);
+    const bf16_t* v1 = 2 * pp + 1 < n ? v_bf16(2 * pp + 1) : nullptr;
+    for (std::int64_t d = 0; d < dvp; d += 16) {
+      const __mmask16 mask = d + 16 <= dv ? static_cast<__mmask16>(0xffff) : dv_tail;
+      const __m256i a = _mm256_maskz_loadu_epi16(mask, v0 + d);
+      const __m256i c = v1 ? _mm256_maskz_loadu_epi16(mask, v1 + d) : _mm256_setzero_si256();
+      _mm512_storeu_si512(pairs + pp * dvp + d, interleave_rows(a, c));
+    }
+  }
+  if constexpr (kAmx) {
+    // V^T as pairs of keys: vt[d][pp] = (v[2pp][d], v[2pp+1][d]), built 16 x 16
+    // words at a time from the pairs' rows and transposed in registers.
+    for (std::int64_t p0 = 0; p0 < round_up(np, 16); p0 += 16) {
+      for (std::int64_t d0 = 0; d0 < dvp; d0 += 16) {
+        __m512i w[16];
+        for (int i = 0; i < 16; ++i) {
+          w[i] = p0 + i < np ? _mm512_loadu_si512(pairs + (p0 + i) * dvp + d0) : _mm512_setzero_si512();
+        }
+        transpose16x16(w);
+        for (int i = 0; i < 16; ++i) _mm512_storeu_si512(vout + (d0 + i) * (BN / 2) + p0, w[i]);
+      }
+    }
+  }
+  // A NaN or infinite v would reach masked queries through the GEMM
+  // (nonfinite_tile.h): visible_pv then reads the f32 P, as dropout does.
+  dst[packed_block_words<S, Tiles>(dqk, dv) - 16] = rows_finite<S, bf16_t>(n, dv, v_bf16) ? 1u : 0u;
+}
+
+// Packs the key blocks [kb0, kb1) of (batch b, kv head hk) into the pair's
+// buffer (DtypeKernels::pack_kv): block kb holds the keys [kb * BN, kb * BN +
+// BN) that the sequence's queries see, up to the last one any of them sees.
+template <class S, class Tiles, class KV>
+void pack_kv_blocks(const FlashParams& p, std::int64_t b, std::int64_t hk, std::int64_t kb0, std::int64_t kb1,
+                    std::uint32_t* dst, float* scratch) {
+  constexpr std::int64_t BN = KernelTraits<S>::fwd_n;
+  const detail::SeqSpan span = p.span(b);
+  if (span.q_len <= 0) return;
+  const std::int64_t end = p.keys(span.q_len - 1, span).end;
+  const std::int64_t words = packed_block_words<S, Tiles>(p.dqk, p.dv);
+  auto* vv = reinterpret_cast<std::uint32_t*>(scratch);
+  auto* vcodes = reinterpret_cast<detail::bf16_t*>(vv + BN / 2 * round_up(p.dv, S::W));
+  for (std::int64_t kb = kb0; kb < kb1 && kb * BN < end; ++kb) {
+    pack_kv_block<S, Tiles, KV>(p, b, hk, span, kb * BN, std::min(BN, end - kb * BN), dst + kb * words, vv, vcodes);
+  }
+}
+
 template <class S, class Tiles = void, class KV = detail::bf16_t>
 void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t h, std::int64_t qb, float* scratch) {
   constexpr bool kAmx = !std::is_void_v<Tiles>;
@@ -111,14 +211,13 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   const std::int64_t i0 = qb * BM, m = std::min(BM, span.q_len - i0);
   if (m <= 0) return;
   const std::int64_t mp = round_up(m, S::W), hk = h / p.group, dqk = p.dqk, dv = p.dv, dvp = round_up(dv, S::W);
-  // Pairs along the head dimension (AMX: padded to its 16-pair tile depth).
-  const std::int64_t kp = kAmx ? round_up((dqk + 1) / 2, 16) : (dqk + 1) / 2;
+  const std::int64_t kp = head_pairs<kAmx>(dqk), block_words = packed_block_words<S, Tiles>(dqk, dv);
   if constexpr (kAmx) Tiles::configure();
 
-  auto* qt2 = reinterpret_cast<std::uint32_t*>(scratch);  // kp x BM: (q[r][2p], q[r][2p+1])
-  auto* kblk2 = qt2 + kp * BM;                             // BN x kp: K rows as pairs
-  auto* vv2 = kblk2 + BN * kp;                             // BN/2 x dvp: (v[2p][d], v[2p+1][d])
-  float* st = reinterpret_cast<float*>(vv2 + BN / 2 * dvp);  // BN x BM: S^T, then P^T (f32)
+  auto* qt2 = reinterpret_cast<std::uint32_t*>(scratch);       // kp x BM: (q[r][2p], q[r][2p+1])
+  auto* own_block = qt2 + kp * BM;                             // a block packed here (packed_block_words)
+  auto* vv2 = own_block + block_words;                         // BN/2 x dvp: V's pairs before AMX's transpose
+  float* st = reinterpret_cast<float*>(vv2 + BN / 2 * dvp);    // BN x BM: S^T, then P^T (f32)
   auto* pt2 = reinterpret_cast<std::uint32_t*>(st + BN * BM);  // BN/2 x BM: (P[r][2p], P[r][2p+1])
   float* acc = reinterpret_cast<float*>(pt2 + BN / 2 * BM);    // BM x dvp
   float* row_max = acc + BM * dvp;
@@ -128,9 +227,13 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   float* acc2 = alpha + 2 * BM;
   float* sum2 = acc2 + BM * dvp;
   float* scale2 = sum2 + BM;
-  // An 8-bit V's block of codes as bf16 rows, dvp apart (forward_bf16_q8_extra_floats),
-  // which the pairs below read as they read a bf16 V's rows.
-  [[maybe_unused]] auto* vcodes = reinterpret_cast<bf16_t*>(scale2 + BM);
+  // An 8-bit V's block of codes as bf16 rows, dvp apart, which pack_kv_block
+  // pairs as it pairs a bf16 V's rows.
+  auto* vcodes = reinterpret_cast<bf16_t*>(scale2 + BM);
+  // K/V packed once for every task of this (batch, kv head), or null: each
+  // block is packed here. Blocks start at multiples of BN either way, so that
+  // both give the same result bit for bit.
+  const std::uint32_t* pair_kv = p.packed_pair(b, hk);
 
   pack_pairs_transposed(p.q_as<bf16_t>() + p.sq.offset(b, span.q_begin + i0, h), p.sq.s, m, mp, dqk, kp, qt2, BM);
   std::fill(row_max, row_max + mp, kNegInf);
@@ -140,6 +243,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   std::fill(acc, acc + (kAmx ? dvp * BM : m * dvp), 0.0f);
 
   const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
+  const std::int64_t keys_from = first.begin / BN * BN;
   const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
   // The units of the scores and of row_max: raw QK^T when only the mask acts
   // on them and the scale is positive (max commutes with it), else logits.
@@ -151,10 +255,9 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   const bool raw =
       !kQuant && plain && std::isnormal(raw_to_log2) && std::isnormal(kLazyGrowth / raw_to_log2) && p.scale > 0;
   const float to_log2 = raw ? raw_to_log2 : cpu::kLog2e;
-  const __mmask16 dv_tail = static_cast<__mmask16>((1u << (dv % 16)) - 1u);
   // A block adds to an accumulator element once per key pair (vdpbf16ps), or
   // once per 32 keys (an AMX tile step).
-  const std::int64_t fold_every = fold_blocks((last.end - first.begin + BN - 1) / BN, kAmx ? BN / 32 : BN / 2);
+  const std::int64_t fold_every = fold_blocks((last.end - keys_from + BN - 1) / BN, kAmx ? BN / 32 : BN / 2);
   std::int64_t since_fold = 0;
   bool folded = false;
   // dst = hi * scale2 + lo (copy: lo) over the accumulators and row sums.
@@ -175,7 +278,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
       fold_level<S>(dst, hi, lo, m, dvp, dvp, dst_sum, hi_sum, lo_sum, scale2, copy);
     }
   };
-  for (std::int64_t j0 = first.begin; j0 < last.end; j0 += BN) {
+  for (std::int64_t j0 = keys_from; j0 < last.end; j0 += BN) {
     if (since_fold == fold_every) {  // only ever with blocks left: the last fold is after the loop
       fold(acc2, acc2, acc, sum2, sum2, row_sum, !folded);
       std::fill(acc, acc + (kAmx ? dvp * BM : m * dvp), 0.0f);
@@ -186,43 +289,26 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     }
     ++since_fold;
     const std::int64_t n = std::min(BN, last.end - j0), np = (n + 1) / 2;
-    for (std::int64_t j = 0; j < n; ++j) {
-      std::uint32_t* row = kblk2 + j * kp;
-      std::fill(row + dqk / 2, row + kp, 0u);  // the odd head dim's missing half, AMX padding
-      if constexpr (kQuant) {
-        codes_to_bf16<S>(p.k_row<KV>(b, span, j0 + j, hk), dqk, reinterpret_cast<bf16_t*>(row));
-        codes_to_bf16<S>(p.v_row<KV>(b, span, j0 + j, hk), dv, vcodes + j * dvp);
-      } else {
-        std::memcpy(row, p.k_row<bf16_t>(b, span, j0 + j, hk), static_cast<std::size_t>(dqk) * sizeof(bf16_t));
+    const std::uint32_t* blk = own_block;
+    if (pair_kv != nullptr && j0 / BN < p.packed_blocks) {
+      blk = pair_kv + j0 / BN * block_words;
+    } else {
+      pack_kv_block<S, Tiles, KV>(p, b, hk, span, j0, n, own_block, vv2, vcodes);
+      for (std::int64_t j = j0 + BN; j < std::min(j0 + 2 * BN, last.end); ++j) {
+        prefetch_row(p.k_row<KV>(b, span, j, hk), dqk);
+        prefetch_row(p.v_row<KV>(b, span, j, hk), dv);
       }
     }
-    const auto v_bf16 = [&](std::int64_t j) -> const bf16_t* {
-      if constexpr (kQuant) {
-        return vcodes + j * dvp;
-      } else {
-        return p.v_row<bf16_t>(b, span, j0 + j, hk);
-      }
-    };
-    for (std::int64_t pp = 0; pp < np; ++pp) {
-      const bf16_t* v0 = v_bf16(2 * pp);
-      const bf16_t* v1 = 2 * pp + 1 < n ? v_bf16(2 * pp + 1) : nullptr;
-      std::uint32_t* dst = vv2 + pp * dvp;
-      for (std::int64_t d = 0; d < dvp; d += 16) {
-        const __mmask16 mask = d + 16 <= dv ? static_cast<__mmask16>(0xffff) : dv_tail;
-        const __m256i a = _mm256_maskz_loadu_epi16(mask, v0 + d);
-        const __m256i c = v1 ? _mm256_maskz_loadu_epi16(mask, v1 + d) : _mm256_setzero_si256();
-        _mm512_storeu_si512(dst + d, interleave_rows(a, c));
-      }
-    }
-    for (std::int64_t j = j0 + BN; j < std::min(j0 + 2 * BN, last.end); ++j) {
-      prefetch_row(p.k_row<KV>(b, span, j, hk), dqk);
-      prefetch_row(p.v_row<KV>(b, span, j, hk), dv);
-    }
+    // K's pairs (n rows, kp apart); V's pairs (BN/2 x dvp), for AMX V^T (dvp x BN/2).
+    const std::uint32_t *kblk2 = blk, *vpairs = blk + BN * kp;
+    const bool v_finite = blk[block_words - 16] != 0;
     // Only the queries that see some key of this block take part, [c0, c1)
     // widened to whole vectors (forward_impl.h); AMX tiles take all of them.
     std::int64_t c0 = 0, c1 = mp;
     if constexpr (!kAmx) {
-      const detail::KeyRange seen_lo = p.queries(j0, span), seen_hi = p.queries(j0 + n - 1, span);
+      // Keys before first.begin (the block starts at a multiple of BN) are seen by none of them.
+      const detail::KeyRange seen_lo = p.queries(std::max(j0, first.begin), span);
+      const detail::KeyRange seen_hi = p.queries(j0 + n - 1, span);
       c0 = std::max<std::int64_t>(0, seen_lo.begin - i0) / S::W * S::W;
       c1 = std::min(mp, round_up(std::max<std::int64_t>(0, seen_hi.end - i0), S::W));
       if (c1 <= c0) continue;
@@ -259,7 +345,6 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
 
     // A NaN or infinite v would reach masked queries through the GEMM
     // (nonfinite_tile.h): visible_pv then reads the f32 P, as dropout does.
-    const bool v_finite = rows_finite<S, bf16_t>(n, dv, [&](std::int64_t j) { return v_bf16(j); });
     float* keep_p = (kQuant || p.dropout || !v_finite) ? st : nullptr;
     if (softmax_to_pairs(st, BM, n, c0, c1, to_log2, row_max, row_sum, alpha, pt2, BM, keep_p)) {
       if constexpr (kAmx) {
@@ -301,24 +386,11 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     if (!v_finite) {
       visible_pv<S, KV>(p, b, hk, span, i0, c0, c0 + mc, j0, n, st, BM, acc, kAmx ? 1 : dvp, kAmx ? BM : 1);
     } else if constexpr (kAmx) {
-      // V^T as pairs of keys: vt[d][p] = (v[2p][d], v[2p+1][d]), built 16 x 16
-      // words at a time from vv2's rows and transposed in registers.
       const std::int64_t npp = round_up(np, 16);
-      std::uint32_t* vt = vv2 + BN / 2 * dvp;  // after vv2 (forward_bf16_extra_floats makes room)
-      for (std::int64_t p0 = 0; p0 < npp; p0 += 16) {
-        for (std::int64_t d0 = 0; d0 < dvp; d0 += 16) {
-          __m512i w[16];
-          for (int i = 0; i < 16; ++i) {
-            w[i] = p0 + i < np ? _mm512_loadu_si512(vv2 + (p0 + i) * dvp + d0) : _mm512_setzero_si512();
-          }
-          transpose16x16(w);
-          for (int i = 0; i < 16; ++i) _mm512_storeu_si512(vt + (d0 + i) * npp + p0, w[i]);
-        }
-      }
       for (std::int64_t pp = np; pp < npp; ++pp) std::fill(pt2 + pp * BM, pt2 + pp * BM + mp, 0u);
-      amx_gemm<Tiles>(dvp, mp, npp, vt, npp, pt2, BM, acc, BM, true);
+      amx_gemm<Tiles>(dvp, mp, npp, vpairs, BN / 2, pt2, BM, acc, BM, true);
     } else if (interior) {
-      dp_gemm<Tr::mr, Tr::nv>(mc, dvp, np, MatW{pt2 + c0, 1, BM}, vv2, dvp, acc + c0 * dvp, dvp, true);
+      dp_gemm<Tr::mr, Tr::nv>(mc, dvp, np, MatW{pt2 + c0, 1, BM}, vpairs, dvp, acc + c0 * dvp, dvp, true);
     } else {
       // A diagonal tile, a vector of queries at a time over the key pairs its
       // last query sees (forward_impl.h).
@@ -326,7 +398,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
         const std::int64_t mr = std::min<std::int64_t>(S::W, c0 + mc - r);
         const std::int64_t kr = std::clamp<std::int64_t>(p.keys(i0 + r + mr - 1, span).end - j0, 0, n);
         if (kr > 0) {
-          dp_gemm<Tr::mr, Tr::nv>(mr, dvp, (kr + 1) / 2, MatW{pt2 + r, 1, BM}, vv2, dvp, acc + r * dvp, dvp, true);
+          dp_gemm<Tr::mr, Tr::nv>(mr, dvp, (kr + 1) / 2, MatW{pt2 + r, 1, BM}, vpairs, dvp, acc + r * dvp, dvp, true);
         }
       }
     }

@@ -67,6 +67,14 @@ KernelTable kernels_avx512() {
 
 namespace {
 
+// The bf16 forward's K/V packing once per (batch, kv head) (FlashParams::packed_kv).
+template <class Tiles, class KV>
+void with_packed_kv(DtypeKernels& k) {
+  k.pack_kv = &isa_avx512::pack_kv_blocks<SimdAvx512, Tiles, KV>;
+  k.packed_block_words = &isa_avx512::packed_block_words<SimdAvx512, Tiles>;
+  k.block_n = KernelTraits<SimdAvx512>::fwd_n;
+}
+
 // bf16 queries over an 8-bit K/V: the bf16 forward on the codes (exact in
 // bf16), on vdpbf16ps (Tiles = void) or AMX tiles.
 template <class Tiles>
@@ -74,7 +82,8 @@ std::array<DtypeKernels, 3> bf16_q8_kernels(const char* gemms) {
   const auto one = [&]<class KV>(KV*) {
     DtypeKernels k;
     k.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512, Tiles, KV>;
-    k.forward_extra = &isa_avx512::forward_bf16_q8_extra_floats<SimdAvx512>;
+    k.forward_extra = &isa_avx512::forward_bf16_extra_floats<SimdAvx512, Tiles, true>;
+    with_packed_kv<Tiles, KV>(k);
     k.half_gemms = gemms;
     return k;
   };
@@ -89,7 +98,8 @@ KernelTable kernels_avx512bf16() {
   KernelTable t = kernels_avx512();
   t.isa = "avx512bf16";
   t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512>;
-  t.bf16.forward_extra = &isa_avx512::forward_bf16_extra_floats<SimdAvx512>;
+  t.bf16.forward_extra = &isa_avx512::forward_bf16_extra_floats<SimdAvx512, void, false>;
+  with_packed_kv<void, detail::bf16_t>(t.bf16);
   t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, void>;
   t.bf16.backward_extra = &isa_avx512::backward_bf16_extra_floats<SimdAvx512>;
   t.bf16.half_gemms = "AVX512-BF16 (vdpbf16ps)";
@@ -104,6 +114,8 @@ KernelTable with_amx_tiles(std::string_view isa, const char* gemms) {
   KernelTable t = kernels_avx512bf16();
   t.isa = isa;
   t.bf16.forward_block = &isa_avx512::forward_block_bf16_gemm<SimdAvx512, Tiles>;
+  t.bf16.forward_extra = &isa_avx512::forward_bf16_extra_floats<SimdAvx512, Tiles, false>;
+  with_packed_kv<Tiles, detail::bf16_t>(t.bf16);
   t.bf16.backward_head = &isa_avx512::backward_head_bf16_gemm<SimdAvx512, Tiles>;
   t.bf16.half_gemms = gemms;
   t.q8[1] = bf16_q8_kernels<Tiles>(gemms);

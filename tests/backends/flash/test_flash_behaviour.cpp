@@ -191,7 +191,8 @@ TEST(FlashBehaviour, HugeSeqlenQWorkspaceSaturatesInsteadOfOverflowing) {
   for (const std::int64_t sq : {std::int64_t{44444444444444444}, INT64_MAX}) {
     s.seqlen_q = sq;
     EXPECT_EQ(flash->workspace_bytes(s, Pass::backward), std::numeric_limits<std::size_t>::max()) << sq;
-    EXPECT_EQ(flash->workspace_bytes(s, Pass::forward), flash->workspace_bytes(base, Pass::forward));
+    // The forward's grows with seqlen_kv only (a bf16-GEMM family's packed K/V).
+    EXPECT_LT(flash->workspace_bytes(s, Pass::forward), std::size_t{1} << 30);
   }
   EXPECT_LT(small, std::size_t{1} << 30);
 }

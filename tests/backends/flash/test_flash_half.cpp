@@ -260,7 +260,6 @@ TEST(FlashHalfWorkspace, F32DqMakesTheBackwardWorkspaceFlat) {
     EXPECT_GT(flash->workspace_bytes(longer, Pass::backward), flash->workspace_bytes(s, Pass::backward));
     s.dq_dtype = longer.dq_dtype = DType::f32;
     EXPECT_EQ(flash->workspace_bytes(longer, Pass::backward), flash->workspace_bytes(s, Pass::backward));
-    EXPECT_EQ(flash->workspace_bytes(s, Pass::forward), flash->workspace_bytes(longer, Pass::forward));
   }
 }
 
