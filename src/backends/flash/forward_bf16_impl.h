@@ -66,6 +66,7 @@ std::int64_t forward_bf16_extra_floats(std::int64_t dqk, std::int64_t dv) {
                             + BN * BM + BN / 2 * BM                       // S^T / P^T, P^T pairs
                             + 2 * (BM * dvp + 3 * BM)                     // both levels' O and statistics
                             + (kQuant ? BN * dvp / 2 : 0)                 // an 8-bit V's rows as bf16
+                            + (kQuant ? 2 * BN : 0)                       // and its per-key factors
                             + 64;
   return std::max<std::int64_t>(0, need - forward_scratch_floats<S>(dqk, dv));
 }
@@ -230,6 +231,9 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   // An 8-bit V's block of codes as bf16 rows, dvp apart, which pack_kv_block
   // pairs as it pairs a bf16 V's rows.
   auto* vcodes = reinterpret_cast<bf16_t*>(scale2 + BM);
+  // An 8-bit K/V's per-key factors of the block (softmax_to_pairs).
+  [[maybe_unused]] float* key_mul = reinterpret_cast<float*>(vcodes + BN * dvp);
+  [[maybe_unused]] float* p_mul = key_mul + BN;
   // K/V packed once for every task of this (batch, kv head), or null: each
   // block is packed here. Blocks start at multiples of BN either way, so that
   // both give the same result bit for bit.
@@ -329,24 +333,33 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
                                 BM, st + u * BM + cu, BM, false);
       }
     }
-    // Raw scores (no scaling pass) where nothing but the mask acts on them:
-    // softmax_to_pairs folds the scale into its exponent (softmax_pairs.h).
-    if (!raw) {
+    // An 8-bit K/V's scales per key: K's times the softmax scale on the
+    // scores, V's on P as it is rounded to pairs.
+    if constexpr (kQuant) {
       for (std::int64_t j = 0; j < n; ++j) {
-        float scale = p.scale;
-        if constexpr (kQuant) scale *= p.kscale.at(p.pages, b, span.kv_begin + j0 + j, hk);
-        const V vscale = S::set1(scale);
+        key_mul[j] = p.scale * p.kscale.at(p.pages, b, span.kv_begin + j0 + j, hk);
+        p_mul[j] = p.vscale.at(p.pages, b, span.kv_begin + j0 + j, hk);
+      }
+    }
+    // Raw scores (no scaling pass) where nothing but the mask acts on them:
+    // softmax_to_pairs folds the scale into its exponent, or the scales of an
+    // 8-bit K into its reading of the scores (softmax_pairs.h).
+    if (!raw && !(kQuant && plain)) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        const V vscale = S::set1(kQuant ? key_mul[j] : p.scale);
         for (std::int64_t c = c0; c < c1; c += S::W)
           S::store(st + j * BM + c, S::mul(S::load(st + j * BM + c), vscale));
       }
+      if constexpr (kQuant) std::fill(key_mul, key_mul + n, 1.0f);  // the scores are logits now
     }
     const Tile tile{b, h, i0 + c0, mc, j0, n, span, st + c0, BM, true, n, c1 - c0};
     if (!(plain && interior)) finish_logits<S, bf16_t>(p, tile, nullptr);
 
     // A NaN or infinite v would reach masked queries through the GEMM
     // (nonfinite_tile.h): visible_pv then reads the f32 P, as dropout does.
-    float* keep_p = (kQuant || p.dropout || !v_finite) ? st : nullptr;
-    if (softmax_to_pairs(st, BM, n, c0, c1, to_log2, row_max, row_sum, alpha, pt2, BM, keep_p)) {
+    float* keep_p = (p.dropout || !v_finite) ? st : nullptr;
+    if (softmax_to_pairs<kQuant>(st, BM, n, c0, c1, to_log2, row_max, row_sum, alpha, pt2, BM, keep_p, key_mul,
+                                 p_mul)) {
       if constexpr (kAmx) {
         for (std::int64_t c = 0; c < mp; c += S::W) {
           const V a = S::load(alpha + c);
@@ -364,22 +377,18 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
         }
       }
     }
-    if (p.dropout || kQuant) {
-      // Dropout acts on P after the sums, and an 8-bit V's scales weigh its
-      // code rows; then P is rounded to pairs again.
-      if (p.dropout) apply_dropout(p, tile);
-      if constexpr (kQuant) {
-        for (std::int64_t j = 0; j < n; ++j) {
-          const V vs = S::set1(p.vscale.at(p.pages, b, span.kv_begin + j0 + j, hk));
-          for (std::int64_t c = c0; c < c1; c += S::W) S::store(st + j * BM + c, S::mul(S::load(st + j * BM + c), vs));
-        }
-      }
-      for (std::int64_t pp = 0; pp < np; ++pp) {
+    if (p.dropout) {
+      // Dropout acts on P after the sums; then P (an 8-bit V's weighed by its
+      // scales) is rounded to pairs again — unless visible_pv takes the f32 P
+      // (which applies V's scales itself) instead of the pairs.
+      apply_dropout(p, tile);
+      for (std::int64_t pp = 0; pp < np && v_finite; ++pp) {
         const float* lo = st + 2 * pp * BM;
         const float* hi = 2 * pp + 1 < n ? lo + BM : nullptr;
+        const V w0 = S::set1(kQuant ? p_mul[2 * pp] : 1.0f), w1 = S::set1(kQuant && hi ? p_mul[2 * pp + 1] : 1.0f);
         for (std::int64_t c = c0; c < c1; c += S::W) {
-          const __m512 h16 = hi ? _mm512_loadu_ps(hi + c) : _mm512_setzero_ps();
-          _mm512_storeu_si512(pt2 + pp * BM + c, pack_pairs(_mm512_loadu_ps(lo + c), h16));
+          const __m512 h16 = hi ? S::mul(_mm512_loadu_ps(hi + c), w1) : _mm512_setzero_ps();
+          _mm512_storeu_si512(pt2 + pp * BM + c, pack_pairs(S::mul(_mm512_loadu_ps(lo + c), w0), h16));
         }
       }
     }

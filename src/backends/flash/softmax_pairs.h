@@ -56,21 +56,36 @@ inline __m512 exp2_bounded(__m512 t) {
 // - alpha[c] the factor the output accumulator's column c must be scaled by,
 //   1 where the reference stayed (and for a query that had seen nothing yet:
 //   its accumulator is 0).
+// - an 8-bit K/V's scales (kScaled): key j's scores are st's row j times
+//   key_mul[j] (the softmax scale times K's scale, in the units of row_max),
+//   and its P enters the pairs times p_mul[j] (V's scale) while the row sums
+//   and keep_p take P as it is — fused here, so that neither is a pass over
+//   the tile of its own.
 // Returns whether any alpha differs from 1. As online_softmax_step, a query
 // with nothing visible keeps max -inf and the floor keeps its P at 0, not NaN;
 // the row sums use the unrounded P.
+template <bool kScaled = false>
 inline bool softmax_to_pairs(const float* st, std::int64_t ld, std::int64_t n, std::int64_t c0, std::int64_t c1,
                              float to_log2, float* row_max, float* row_sum, float* alpha, std::uint32_t* pairs,
-                             std::int64_t ldp, float* keep_p) {
+                             std::int64_t ldp, float* keep_p, const float* key_mul = nullptr,
+                             const float* p_mul = nullptr) {
   const __m512 floor = _mm512_set1_ps(std::numeric_limits<float>::lowest());
   const __m512 growth = _mm512_set1_ps(kLazyGrowth / to_log2), k = _mm512_set1_ps(to_log2);
   const __m512 one = _mm512_set1_ps(1.0f), neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const std::int64_t np = (n + 1) / 2;
+  const auto score = [&](const float* row, std::int64_t j, std::int64_t c) {
+    const __m512 x = _mm512_loadu_ps(row + c);
+    if constexpr (kScaled) {
+      return _mm512_mul_ps(x, _mm512_set1_ps(key_mul[j]));
+    } else {
+      return x;
+    }
+  };
   __mmask16 rescale = 0;
   for (std::int64_t c = c0; c < c1; c += 16) {
     const __m512 old_max = _mm512_loadu_ps(row_max + c);
     __m512 block_max = old_max;
-    for (std::int64_t j = 0; j < n; ++j) block_max = _mm512_max_ps(block_max, _mm512_loadu_ps(st + j * ld + c));
+    for (std::int64_t j = 0; j < n; ++j) block_max = _mm512_max_ps(block_max, score(st + j * ld, j, c));
     // Moves where the block's max passes the reference by more than the
     // growth (always from -inf; never for a NaN, which reaches the sum anyway).
     const __mmask16 moved = _mm512_cmp_ps_mask(block_max, _mm512_add_ps(old_max, growth), _CMP_GT_OQ);
@@ -81,15 +96,21 @@ inline bool softmax_to_pairs(const float* st, std::int64_t ld, std::int64_t n, s
     rescale |= scaled;
     __m512 sum = _mm512_setzero_ps();
     for (std::int64_t pp = 0; pp < np; ++pp) {
-      const float* lo = st + 2 * pp * ld + c;
-      const __m512 e0 = exp2_bounded(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(lo), shift), k));
+      const float* lo = st + 2 * pp * ld;
+      const __m512 e0 = exp2_bounded(_mm512_mul_ps(_mm512_sub_ps(score(lo, 2 * pp, c), shift), k));
       sum = _mm512_add_ps(sum, e0);
       __m512 e1 = _mm512_setzero_ps();
       if (2 * pp + 1 < n) {
-        e1 = exp2_bounded(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(lo + ld), shift), k));
+        e1 = exp2_bounded(_mm512_mul_ps(_mm512_sub_ps(score(lo + ld, 2 * pp + 1, c), shift), k));
         sum = _mm512_add_ps(sum, e1);
       }
-      _mm512_storeu_si512(pairs + pp * ldp + c, pack_pairs(e0, e1));
+      if constexpr (kScaled) {
+        const __m512 w1 = 2 * pp + 1 < n ? _mm512_set1_ps(p_mul[2 * pp + 1]) : _mm512_setzero_ps();
+        _mm512_storeu_si512(pairs + pp * ldp + c,
+                            pack_pairs(_mm512_mul_ps(e0, _mm512_set1_ps(p_mul[2 * pp])), _mm512_mul_ps(e1, w1)));
+      } else {
+        _mm512_storeu_si512(pairs + pp * ldp + c, pack_pairs(e0, e1));
+      }
       if (keep_p != nullptr) {
         _mm512_storeu_ps(keep_p + 2 * pp * ld + c, e0);
         if (2 * pp + 1 < n) _mm512_storeu_ps(keep_p + (2 * pp + 1) * ld + c, e1);
