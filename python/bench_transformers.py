@@ -21,7 +21,8 @@ ratio = sdpa time / attend time (> 1: attend is faster).
 into it; decode reads the codes), with the caches' bytes. --synthetic skips
 the prefills: each cache is filled with random K/V of the context length
 (per layer, through the cache's own update, so the 8-bit one quantizes), and
-only decode is timed, so long contexts fit a small machine.
+only decode is timed, so long contexts fit a small machine; --batch B then
+decodes B sequences a step (a serving batch; tokens/s counts all of them).
 
 Needs transformers
 >= 5 and PYTHONPATH=build/python (the in-tree package) or an installed attend:
@@ -108,8 +109,8 @@ def synthetic_cache(impl, args, model, n, gen):
     g = torch.Generator().manual_seed(7)
     d = cfg.hidden_size // cfg.num_attention_heads
     for layer in range(cfg.num_hidden_layers):
-        k = torch.randn(1, cfg.num_key_value_heads, n, d, generator=g).to(model.dtype)
-        v = torch.randn(1, cfg.num_key_value_heads, n, d, generator=g).to(model.dtype)
+        k = torch.randn(args.batch, cfg.num_key_value_heads, n, d, generator=g).to(model.dtype)
+        v = torch.randn(args.batch, cfg.num_key_value_heads, n, d, generator=g).to(model.dtype)
         cache.update(k, v, layer)
     return cache
 
@@ -158,11 +159,14 @@ def main():
                     help="also run attend on an 8-bit QuantizedKVCache of this dtype")
     ap.add_argument("--synthetic", action="store_true",
                     help="fill the caches with random K/V instead of prefilling; time decode only")
+    ap.add_argument("--batch", type=int, default=1, help="sequences per decode step (with --synthetic)")
     args = ap.parse_args()
+    if args.batch != 1 and not args.synthetic:
+        ap.error("--batch needs --synthetic (the prefills are of one prompt)")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    if args.layers < 1 or args.decode_tokens < 1 or args.reps < 1 or min(args.contexts) < 1:
-        ap.error("--layers, --decode-tokens, --reps and --contexts must be positive")
+    if args.layers < 1 or args.decode_tokens < 1 or args.reps < 1 or min(args.contexts) < 1 or args.batch < 1:
+        ap.error("--layers, --decode-tokens, --reps, --contexts and --batch must be positive")
 
     print(f"# cpu: {cpu_model()}; threads {torch.get_num_threads()}; torch {torch.__version__}; "
           f"transformers {transformers.__version__}; attend {attend.__version__}")
@@ -224,15 +228,16 @@ def write_json(args, rows):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(cpu=cpu_model(), threads=torch.get_num_threads(), layers=args.layers, dtype=args.dtype,
-                           kv8=args.kv8, synthetic=args.synthetic, rows=rows), f, indent=1)
+                           kv8=args.kv8, synthetic=args.synthetic, batch=args.batch, rows=rows), f, indent=1)
 
 
 def synthetic_decode(model, impls, args, gen):
     """Decode only, on caches filled with random K/V (--synthetic)."""
     rows = []
+    print(f"# batch {args.batch}: ms/tok is a step's time (one token of each sequence), tok/s counts them all")
     print(f"{'context':>8} {'impl':>7} {'decode ms/tok':>14} {'decode tok/s':>13} {'cache MiB':>10}")
     with torch.inference_mode():
-        next_id = torch.randint(0, QWEN2_05B["vocab_size"], (1, 1), generator=gen)
+        next_id = torch.randint(0, QWEN2_05B["vocab_size"], (args.batch, 1), generator=gen)
         for n in args.contexts:
             best, nbytes = {impl: float("inf") for impl in impls}, {}
             # rep 0 warms each implementation at this context (allocations, selection), untimed.
@@ -245,9 +250,9 @@ def synthetic_decode(model, impls, args, gen):
                     if rep > 0:
                         best[impl] = min(best[impl], dec)
             for impl in impls:
-                rows.append(dict(context=n, impl=impl, decode_ms_per_token=1e3 * best[impl],
-                                 decode_tok_s=1 / best[impl], cache_bytes=nbytes[impl]))
-                print(f"{n:>8} {impl:>7} {1e3 * best[impl]:>14.2f} {1 / best[impl]:>13.1f} "
+                rows.append(dict(context=n, batch=args.batch, impl=impl, decode_ms_per_token=1e3 * best[impl],
+                                 decode_tok_s=args.batch / best[impl], cache_bytes=nbytes[impl]))
+                print(f"{n:>8} {impl:>7} {1e3 * best[impl]:>14.2f} {args.batch / best[impl]:>13.1f} "
                       f"{nbytes[impl] / 2 ** 20:>10.1f}")
             for impl in impls[:1] + impls[2:]:
                 print(f"{n:>8} {'ratio':>7} {best['sdpa'] / best[impl]:>14.2f}   (sdpa / {impl} decode time)")
