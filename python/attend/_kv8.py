@@ -95,12 +95,14 @@ def scale_layout(k_descale, v_descale, per_head, per_token):
     """(kv_scale, k_scale, v_scale) from FlashAttention 3 style descales: (1,)
     per_tensor, `per_head` (B, Hkv) per_head, `per_token` (k's shape without
     its last dim) per_token; none given: kv_scale none. One missing while the
-    other is given reads as all ones in the other's layout (FA3: None is 1)."""
+    other is given reads as all ones in the other's layout (FA3: None is 1).
+    Where per_head and per_token have one shape (varlen with as many tokens as
+    sequences), it is per_head, FA3's."""
     k_descale = descale(k_descale, "k_descale", "k_descale.dtype")
     v_descale = descale(v_descale, "v_descale", "v_descale.dtype")
     if k_descale is None and v_descale is None:
         return "none", None, None
-    shapes = {(1,): "per_tensor", tuple(per_head): "per_head", tuple(per_token): "per_token"}
+    shapes = {tuple(per_token): "per_token", (1,): "per_tensor", tuple(per_head): "per_head"}
     layouts = []
     for d, field in ((k_descale, "k_descale"), (v_descale, "v_descale")):
         if d is None:

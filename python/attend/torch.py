@@ -435,14 +435,18 @@ def _check_max_seqlen(cu, given, name, field):
 
 def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False, block_table=None, **spec_fields):
+                    deterministic=False, return_attn_probs=False, block_table=None, kv8_fields=None, **spec_fields):
+    """kv8_fields: kv_dtype and kv_scale of 8-bit K/V (whose codes autocast leaves as they are)."""
     _one_device("flash_attn_varlen_func", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                 alibi_slopes=alibi_slopes, block_table=block_table)
     if block_table is not None:
         _raise(UnsupportedError, "block_table", "set", "paged K/V is not supported by attend.torch yet")
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(t, n, (3,))
-    q, k, v = _autocast(q, k, v)
+    if kv8_fields is None:
+        q, k, v = _autocast(q, k, v)
+    else:
+        (q,) = _autocast(q)
     cu_q, cu_k = _cu(cu_seqlens_q, "cu_seqlens_q"), _cu(cu_seqlens_k, "cu_seqlens_k")
     if cu_q.numel() != cu_k.numel() or cu_q.numel() < 2:
         _raise(ShapeMismatchError, "cu_seqlens_k.numel", cu_k.numel(),
@@ -451,7 +455,7 @@ def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     _check_max_seqlen(cu_k, max_seqlen_k, "max_seqlen_k", "cu_seqlens_k")
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=cu_q.numel() - 1, seqlen_q=int(max_seqlen_q), seqlen_kv=int(max_seqlen_k), layout="thd",
-                total_q=q.shape[0], total_kv=k.shape[0])
+                total_q=q.shape[0], total_kv=k.shape[0], **(kv8_fields or {}))
     spec = with_fields(spec, spec_fields, "flash_attn_varlen_func", not _compiling())
     return Problem(spec, q, k, v, slopes=alibi_slopes, cu_q=cu_q,
                    cu_kv=cu_k)
@@ -462,17 +466,47 @@ def flash_attn_varlen_func(
         max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None, causal: bool = False,
         window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[torch.Tensor] = None,
         deterministic: bool = False, return_attn_probs: bool = False, block_table: Optional[torch.Tensor] = None,
-        sinks: Optional[torch.Tensor] = None, **spec_fields: Any) -> FlashResult:
+        sinks: Optional[torch.Tensor] = None, k_descale: Union[torch.Tensor, float, None] = None,
+        v_descale: Union[torch.Tensor, float, None] = None, **spec_fields: Any) -> FlashResult:
     """flash_attn.flash_attn_varlen_func: q (total_q, H, D), k (total_k, Hk, D),
     v (total_k, Hk, Dv), cu_seqlens int32 (B+1,); masks per sequence, bottom-right
     aligned; empty sequences allowed (their rows are 0, LSE -inf).
     return_attn_probs: (out, softmax_lse (H, total_q), S) with S an empty tensor
     (per-sequence keep masks: attend.torch.dropout_mask_varlen). block_table
-    (paged K/V) raises UnsupportedError. ``**spec_fields`` as in flash_attn_func."""
+    (paged K/V) raises UnsupportedError. ``**spec_fields`` as in flash_attn_func.
+    k and v may be 8-bit codes (int8, float8_e4m3fn, float8_e5m2; inference
+    only) standing for code * descale, as in flash_attn_func: k_descale /
+    v_descale (1,) or a number per tensor, (B, Hk) per (sequence, kv head) —
+    FA3's, and what a shape both could be means — or (total_k, Hk) per token."""
+    if _kv8.is_kv8(k) or _kv8.is_kv8(v) or k_descale is not None or v_descale is not None:
+        return _varlen_kv8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                           causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
+                           sinks, k_descale, v_descale, spec_fields)
     problem = _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                               softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                               return_attn_probs, block_table, **spec_fields)
     out, lse = problem.with_sinks(sinks).run()
+    return (out, lse, q.new_empty(0)) if return_attn_probs else out
+
+
+def _varlen_kv8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
+                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, sinks, k_descale,
+                v_descale, spec_fields):
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        _check_tensor(t, n, (3,))
+    _one_device("flash_attn_varlen_func", q=q, k=k, v=v, k_descale=k_descale, v_descale=v_descale)
+    kv_dtype = _kv8_dtype(k, v, "k", "v", k_descale, v_descale)
+    _kv8_eager("flash_attn_varlen_func", kv_dtype)
+    batch = _cu(cu_seqlens_q, "cu_seqlens_q").numel() - 1
+    layout, k_scale, v_scale = _kv8.scale_layout(k_descale, v_descale, (batch, k.shape[1]), k.shape[:2])
+    problem = _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                              softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                              return_attn_probs, block_table, dict(kv_dtype=kv_dtype, kv_scale=layout),
+                              **spec_fields).with_sinks(sinks)
+    out, lse = _kv8_forward(problem.spec, dict(q=problem.q, k=k, v=v, alibi_slopes=alibi_slopes,
+                                               cu_seqlens_q=problem.cu_q, cu_seqlens_kv=problem.cu_kv,
+                                               sinks=problem.sinks, k_scale=k_scale, v_scale=v_scale),
+                            "flash_attn_varlen_func")
     return (out, lse, q.new_empty(0)) if return_attn_probs else out
 
 

@@ -157,6 +157,54 @@ def test_return_attn_probs_gives_the_lse():
     assert torch.allclose(lse, lse_f, atol=1e-5) and torch.allclose(out, out_f, atol=1e-5)
 
 
+def varlen_quantized(x, lens, dtype, layout):
+    """(codes, descale, dequantized f32) of x (total, H, D) holding sequences of `lens` tokens."""
+    if layout == "per_head":  # (B, H): each sequence's own scales
+        parts = torch.split(x, lens)
+        s = torch.stack([_kv8.head_scales(p, dtype, (0, 2)) for p in parts])
+        per_row = torch.cat([s[b].expand(n, -1) for b, n in enumerate(lens)])[..., None]
+        codes = _kv8.quantize(x, per_row, dtype)
+        return codes, s, _kv8.dequantize(codes, per_row)
+    codes, d, deq = quantized(x[None], dtype, layout)
+    return codes[0], d[0] if layout == "per_token" else d, deq[0]
+
+
+@pytest.mark.parametrize("dtype", kv_dtypes())
+@pytest.mark.parametrize("layout", ["float", "per_head", "per_token"])
+@pytest.mark.parametrize("qdtype", [torch.float32, torch.bfloat16])
+def test_flash_attn_varlen_func_reads_8bit_kv(dtype, layout, qdtype):
+    lens_q, lens_k, H, Hk, D = [5, 2, 0, 4], [40, 7, 3, 19], 4, 2, 32
+    cu_q = torch.tensor([0] + lens_q, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    cu_k = torch.tensor([0] + lens_k, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    q = randn(sum(lens_q), H, D, seed=1).to(qdtype)
+    kc, ks, kd = varlen_quantized(randn(sum(lens_k), Hk, D, seed=2), lens_k, dtype, layout)
+    vc, vs, vd = varlen_quantized(randn(sum(lens_k), Hk, D, seed=3), lens_k, dtype, layout)
+    if layout == "per_head":
+        assert ks.shape == (4, Hk)
+    out = at.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, k_descale=ks,
+                                    v_descale=vs)
+    assert out.dtype == qdtype and out.shape == (sum(lens_q), H, D)
+    refs, pts = [], []
+    for b in range(4):
+        qs, ks_ = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        ref, pt = reference(q[qs][None], kd[ks_][None], vd[ks_][None], causal=True)
+        refs.append(ref[0])
+        pts.append(pt[0])
+    check_close(f"varlen {dtype}/{layout}/{qdtype}", out, torch.cat(refs), torch.cat(pts))
+
+
+def test_varlen_8bit_kv_refuses_bad_descales_and_training():
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    q = randn(8, 2, 16, seed=1)
+    kc = _kv8.quantize(randn(8, 2, 16, seed=2), 0.05, torch.int8)
+    with pytest.raises(ShapeMismatchError, match="k_descale.shape"):
+        at.flash_attn_varlen_func(q, kc, kc, cu, cu, 5, 5, k_descale=torch.ones(3, 2))
+    with pytest.raises(InvalidArgumentError, match="v.dtype"):
+        at.flash_attn_varlen_func(q, kc, kc.float(), cu, cu, 5, 5, k_descale=0.05)
+    with pytest.raises(UnsupportedError, match="inference only"):
+        at.flash_attn_varlen_func(q.requires_grad_(), kc, kc, cu, cu, 5, 5, k_descale=0.05, v_descale=0.05)
+
+
 # --- flash_attn_with_kvcache: 8-bit caches, appends quantized by torch ----------------------------
 
 def _cache(paged, dtype, layout, B=2, Hk=2, D=32, cap=48, ps=16):
