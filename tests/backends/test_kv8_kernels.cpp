@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -138,40 +139,49 @@ TEST(Kv8NonFinite, NanCodeReachesOnlyTheRowsThatSeeIt) {
 // block's P in f32 through visible_pv, which must apply V's scales once (the
 // bf16 GEMM forward scaled P as well: V's scale squared reached those rows).
 TEST(Kv8NonFinite, NonFiniteValueCodeLeavesTheOtherRowsExact) {
-  AttentionSpec s = base(300, 300, 64, 64);
-  s.batch = 1;
-  s.window_left = 20;
-  s.window_right = 0;
-  const testing::Problem f32 = testing::make_problem(s, 5);
   const auto reference = make_reference_backend();
-  const auto flash = make_flash_backend();
-  constexpr std::int64_t kKey = 150, kDim = 3;  // seen by queries 150..170 of heads 0, 1
-  for (DType q : {DType::f32, DType::bf16}) {
-    for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2}) {
-      for (KVScale layout : {KVScale::per_head, KVScale::per_token}) {
-        const std::string what =
-            std::string(to_string(q)) + " " + std::string(to_string(kv)) + " " + std::string(to_string(layout));
-        testing::Kv8Problem k = testing::quantize_problem(f32, q, kv, layout, 11);
-        const testing::PassResults want = testing::run_backend(*reference, k.f64, false);
-        // e4m3's NaN; e5m2's +inf.
-        k.q8.v.as<std::uint8_t>()[(kKey * s.heads_kv + 0) * s.head_dim_v + kDim] = kv == DType::fp8_e4m3 ? 0x7f : 0x7c;
-        const testing::PassResults got = testing::run_backend(*flash, k.q8, false);
-        double worst = 0;
-        for (std::int64_t i = 0; i < s.seqlen_q; ++i) {
-          for (std::int64_t h = 0; h < s.heads_q; ++h) {
-            const bool sees = h < 2 && i >= kKey && i <= kKey + s.window_left;
-            for (std::int64_t d = 0; d < s.head_dim_v; ++d) {
-              const std::int64_t at = (i * s.heads_q + h) * s.head_dim_v + d;
-              const double x = testing::element(got.out, at);
-              if (sees && d == kDim) {
-                EXPECT_FALSE(std::isfinite(x)) << what << " row " << i << " head " << h;
-              } else {
-                worst = std::max(worst, std::abs(x - testing::element(want.out, at)));
+  struct Run {
+    std::shared_ptr<const Backend> backend;
+    std::int64_t sq, key;  // queries; the key whose V gets the bad code
+  };
+  // Window (20, 0), Sk = 300: the key is seen by kv head 0's query heads 0, 1
+  // in the rows whose diagonal is 0-20 keys past it (150-170; decode's 3-7).
+  for (const Run& run : {Run{make_flash_backend(), 300, 150}, Run{make_decode_backend(), 8, 295}}) {
+    AttentionSpec s = base(run.sq, 300, 64, 64);
+    s.batch = 1;
+    s.window_left = 20;
+    s.window_right = 0;
+    const testing::Problem f32 = testing::make_problem(s, 5);
+    constexpr std::int64_t kDim = 3;
+    for (DType q : {DType::f32, DType::bf16}) {
+      for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+        for (KVScale layout : {KVScale::per_head, KVScale::per_token}) {
+          const std::string what = std::string(run.backend->name()) + " " + std::string(to_string(q)) + " " +
+                                   std::string(to_string(kv)) + " " + std::string(to_string(layout));
+          testing::Kv8Problem k = testing::quantize_problem(f32, q, kv, layout, 11);
+          const testing::PassResults want = testing::run_backend(*reference, k.f64, false);
+          // e4m3's NaN; e5m2's +inf.
+          k.q8.v.as<std::uint8_t>()[(run.key * s.heads_kv + 0) * s.head_dim_v + kDim] =
+              kv == DType::fp8_e4m3 ? 0x7f : 0x7c;
+          const testing::PassResults got = testing::run_backend(*run.backend, k.q8, false);
+          double worst = 0;
+          for (std::int64_t i = 0; i < s.seqlen_q; ++i) {
+            const std::int64_t diagonal = i + s.seqlen_kv - s.seqlen_q;
+            for (std::int64_t h = 0; h < s.heads_q; ++h) {
+              const bool sees = h < 2 && run.key <= diagonal && run.key >= diagonal - s.window_left;
+              for (std::int64_t d = 0; d < s.head_dim_v; ++d) {
+                const std::int64_t at = (i * s.heads_q + h) * s.head_dim_v + d;
+                const double x = testing::element(got.out, at);
+                if (sees && d == kDim) {
+                  EXPECT_FALSE(std::isfinite(x)) << what << " row " << i << " head " << h;
+                } else {
+                  worst = std::max(worst, std::abs(x - testing::element(want.out, at)));
+                }
               }
             }
           }
+          EXPECT_LT(worst, q == DType::f32 ? 1e-5 : 2e-2) << what;
         }
-        EXPECT_LT(worst, q == DType::f32 ? 1e-5 : 2e-2) << what;
       }
     }
   }
