@@ -582,8 +582,10 @@ class QuantizedKVCache(transformers.Cache):
     element is exact) or "per_head" (fp8's default: one per sequence and kv
     head, fixed at the first update (the prompt) at twice its max |x| / code
     max; later values beyond that saturate at the largest code). Values are
-    rounded to nearest even; inf/NaN states are refused. Full-attention
-    models; batches without padding or with left padding (generate)."""
+    rounded to nearest even; inf/NaN states are refused. Full-attention and
+    sliding-window layers (a sliding layer's tokens are all kept, its window
+    applied as they are read: memory grows with the context, as for full
+    layers); batches without padding or with left padding (generate)."""
 
     def __init__(self, config: Any = None, kv_dtype: Any = "int8", kv_scale: Optional[str] = None):
         dtype = _KV8_DTYPES.get(kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
