@@ -483,6 +483,7 @@ class Problem:
         self.bias, self.slopes, self.cu_q, self.cu_kv = bias, slopes, cu_q, cu_kv
         self.restore = restore
         self.sinks = sinks
+        self.k_scale = self.v_scale = None  # an 8-bit K/V's scales (torch.py)
 
     def tensors(self):
         return (self.q, self.k, self.v, self.bias, self.sinks)

@@ -241,16 +241,39 @@ def _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
     return spec
 
 
+def _kv8_fields(k, v, k_descale, v_descale, per_head, per_token, api):
+    """None where K/V are not 8-bit and no descale is given; else (spec fields
+    kv_dtype and kv_scale, k_scale, v_scale) from the descales' layout."""
+    if not (_kv8.is_kv8(k) or _kv8.is_kv8(v) or k_descale is not None or v_descale is not None):
+        return None
+    kv_dtype = _kv8_dtype(k, v, "k", "v", k_descale, v_descale)
+    _kv8_eager(api, kv_dtype)
+    layout, k_scale, v_scale = _kv8.scale_layout(k_descale, v_descale, per_head, per_token)
+    return dict(kv_dtype=kv_dtype, kv_scale=layout), k_scale, v_scale
+
+
+def _with_kv8(problem, kv8):
+    """problem carrying an 8-bit call's scales (k_scale, v_scale; None: none)."""
+    problem.k_scale, problem.v_scale = (kv8[1], kv8[2]) if kv8 else (None, None)
+    return problem
+
+
 def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                   alibi_slopes=None, deterministic=False, return_attn_probs=False, **spec_fields):
+                   alibi_slopes=None, deterministic=False, return_attn_probs=False, k_descale=None, v_descale=None,
+                   **spec_fields):
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(t, n, (4,))
-    _one_device("flash_attn_func", q=q, k=k, v=v, alibi_slopes=alibi_slopes)
-    q, k, v = _autocast(q, k, v)
+    _one_device("flash_attn_func", q=q, k=k, v=v, alibi_slopes=alibi_slopes, k_descale=k_descale,
+                v_descale=v_descale)
+    kv8 = _kv8_fields(k, v, k_descale, v_descale, (k.shape[0], k.shape[2]), k.shape[:3], "flash_attn_func")
+    if kv8 is None:
+        q, k, v = _autocast(q, k, v)
+    else:
+        (q,) = _autocast(q)  # the codes are what they are: only q follows autocast
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
-    spec.update(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_kv=k.shape[1], layout="bshd")
+    spec.update(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_kv=k.shape[1], layout="bshd", **(kv8[0] if kv8 else {}))
     spec = with_fields(spec, spec_fields, "flash_attn_func", not _compiling())
-    return Problem(spec, q, k, v, slopes=alibi_slopes)
+    return _with_kv8(Problem(spec, q, k, v, slopes=alibi_slopes), kv8)
 
 
 def _flash_fast(q, k, v, softmax_scale, causal, window_size, softcap, deterministic):
@@ -368,21 +391,11 @@ def _kv8_forward(spec, tensors, api):
 
 def _flash_kv8(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                return_attn_probs, sinks, k_descale, v_descale, spec_fields):
-    for t, n in ((q, "q"), (k, "k"), (v, "v")):
-        _check_tensor(t, n, (4,))
-    _one_device("flash_attn_func", q=q, k=k, v=v, alibi_slopes=alibi_slopes, sinks=sinks, k_descale=k_descale,
-                v_descale=v_descale)
-    kv_dtype = _kv8_dtype(k, v, "k", "v", k_descale, v_descale)
-    _kv8_eager("flash_attn_func", kv_dtype)
-    (q,) = _autocast(q)  # the codes are what they are: only q follows autocast
-    layout, k_scale, v_scale = _kv8.scale_layout(k_descale, v_descale, (k.shape[0], k.shape[2]), k.shape[:3])
-    spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
-    spec.update(batch=q.shape[0], seqlen_q=q.shape[1], seqlen_kv=k.shape[1], layout="bshd", kv_dtype=kv_dtype,
-                kv_scale=layout)
-    spec = with_fields(spec, spec_fields, "flash_attn_func")
-    problem = Problem(spec, q, k, v, slopes=alibi_slopes).with_sinks(sinks)
-    out, lse = _kv8_forward(problem.spec, dict(q=q, k=k, v=v, alibi_slopes=alibi_slopes, sinks=problem.sinks,
-                                               k_scale=k_scale, v_scale=v_scale), "flash_attn_func")
+    _one_device("flash_attn_func", q=q, sinks=sinks)
+    problem = _flash_problem(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                             deterministic, k_descale=k_descale, v_descale=v_descale, **spec_fields).with_sinks(sinks)
+    out, lse = _kv8_forward(problem.spec, dict(q=problem.q, k=k, v=v, alibi_slopes=alibi_slopes, sinks=problem.sinks,
+                                               k_scale=problem.k_scale, v_scale=problem.v_scale), "flash_attn_func")
     if not return_attn_probs:
         return out
     s = problem.spec
@@ -435,19 +448,21 @@ def _check_max_seqlen(cu, given, name, field):
 
 def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False, block_table=None, kv8_fields=None, **spec_fields):
-    """kv8_fields: kv_dtype and kv_scale of 8-bit K/V (whose codes autocast leaves as they are)."""
+                    deterministic=False, return_attn_probs=False, block_table=None, k_descale=None, v_descale=None,
+                    **spec_fields):
     _one_device("flash_attn_varlen_func", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                alibi_slopes=alibi_slopes, block_table=block_table)
+                alibi_slopes=alibi_slopes, block_table=block_table, k_descale=k_descale, v_descale=v_descale)
     if block_table is not None:
         _raise(UnsupportedError, "block_table", "set", "paged K/V is not supported by attend.torch yet")
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(t, n, (3,))
-    if kv8_fields is None:
+    cu_q, cu_k = _cu(cu_seqlens_q, "cu_seqlens_q"), _cu(cu_seqlens_k, "cu_seqlens_k")
+    kv8 = _kv8_fields(k, v, k_descale, v_descale, (cu_q.numel() - 1, k.shape[1]), k.shape[:2],
+                      "flash_attn_varlen_func")
+    if kv8 is None:
         q, k, v = _autocast(q, k, v)
     else:
         (q,) = _autocast(q)
-    cu_q, cu_k = _cu(cu_seqlens_q, "cu_seqlens_q"), _cu(cu_seqlens_k, "cu_seqlens_k")
     if cu_q.numel() != cu_k.numel() or cu_q.numel() < 2:
         _raise(ShapeMismatchError, "cu_seqlens_k.numel", cu_k.numel(),
                f"cu_seqlens_q and cu_seqlens_k need the same B+1 >= 2 entries (cu_seqlens_q has {cu_q.numel()})")
@@ -455,10 +470,9 @@ def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     _check_max_seqlen(cu_k, max_seqlen_k, "max_seqlen_k", "cu_seqlens_k")
     spec = _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic)
     spec.update(batch=cu_q.numel() - 1, seqlen_q=int(max_seqlen_q), seqlen_kv=int(max_seqlen_k), layout="thd",
-                total_q=q.shape[0], total_kv=k.shape[0], **(kv8_fields or {}))
+                total_q=q.shape[0], total_kv=k.shape[0], **(kv8[0] if kv8 else {}))
     spec = with_fields(spec, spec_fields, "flash_attn_varlen_func", not _compiling())
-    return Problem(spec, q, k, v, slopes=alibi_slopes, cu_q=cu_q,
-                   cu_kv=cu_k)
+    return _with_kv8(Problem(spec, q, k, v, slopes=alibi_slopes, cu_q=cu_q, cu_kv=cu_k), kv8)
 
 
 def flash_attn_varlen_func(
@@ -492,21 +506,14 @@ def flash_attn_varlen_func(
 def _varlen_kv8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                 window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table, sinks, k_descale,
                 v_descale, spec_fields):
-    for t, n in ((q, "q"), (k, "k"), (v, "v")):
-        _check_tensor(t, n, (3,))
-    _one_device("flash_attn_varlen_func", q=q, k=k, v=v, k_descale=k_descale, v_descale=v_descale)
-    kv_dtype = _kv8_dtype(k, v, "k", "v", k_descale, v_descale)
-    _kv8_eager("flash_attn_varlen_func", kv_dtype)
-    batch = _cu(cu_seqlens_q, "cu_seqlens_q").numel() - 1
-    layout, k_scale, v_scale = _kv8.scale_layout(k_descale, v_descale, (batch, k.shape[1]), k.shape[:2])
     problem = _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                               softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                              return_attn_probs, block_table, dict(kv_dtype=kv_dtype, kv_scale=layout),
+                              return_attn_probs, block_table, k_descale=k_descale, v_descale=v_descale,
                               **spec_fields).with_sinks(sinks)
     out, lse = _kv8_forward(problem.spec, dict(q=problem.q, k=k, v=v, alibi_slopes=alibi_slopes,
                                                cu_seqlens_q=problem.cu_q, cu_seqlens_kv=problem.cu_kv,
-                                               sinks=problem.sinks, k_scale=k_scale, v_scale=v_scale),
-                            "flash_attn_varlen_func")
+                                               sinks=problem.sinks, k_scale=problem.k_scale,
+                                               v_scale=problem.v_scale), "flash_attn_varlen_func")
     return (out, lse, q.new_empty(0)) if return_attn_probs else out
 
 

@@ -205,6 +205,21 @@ def test_varlen_8bit_kv_refuses_bad_descales_and_training():
         at.flash_attn_varlen_func(q.requires_grad_(), kc, kc, cu, cu, 5, 5, k_descale=0.05, v_descale=0.05)
 
 
+def test_explain_describes_the_8bit_call():
+    """explain() sees what the call would run: 8-bit K/V with their scale
+    layout, selected for inference, refused for training with the kv_dtype
+    reason (it described an f32 K/V call before)."""
+    q = randn(1, 4, 2, 16, seed=1)
+    kc = _kv8.quantize(randn(1, 9, 2, 16, seed=2), 0.05, torch.int8)
+    e = at.explain(q, kc, kc, api="flash_attn", k_descale=0.05, v_descale=0.05)
+    assert "kv=i8/per_tensor" in str(e) and e.selected is not None, str(e)
+    cu_q, cu_k = torch.tensor([0, 4], dtype=torch.int32), torch.tensor([0, 9], dtype=torch.int32)
+    e = at.explain(q[0], kc[0], kc[0], cu_q, cu_k, 4, 9, api="flash_attn_varlen", k_descale=torch.full((1, 2), 0.05))
+    assert "kv=i8/per_head" in str(e) and e.selected is not None, str(e)
+    e = at.explain(q, kc, kc, api="flash_attn", k_descale=0.05, mode="training")
+    assert e.selected is None and "kv_dtype=i8: an 8-bit K/V cache is forward only" in str(e), str(e)
+
+
 # --- flash_attn_with_kvcache: 8-bit caches, appends quantized by torch ----------------------------
 
 def _cache(paged, dtype, layout, B=2, Hk=2, D=32, cap=48, ps=16):
