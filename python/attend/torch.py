@@ -259,7 +259,7 @@ def _with_kv8(problem, kv8):
 
 
 def _flash_problem(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                   alibi_slopes=None, deterministic=False, return_attn_probs=False, k_descale=None, v_descale=None,
+                   alibi_slopes=None, deterministic=False, return_attn_probs=False, *, k_descale=None, v_descale=None,
                    **spec_fields):
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
         _check_tensor(t, n, (4,))
@@ -448,8 +448,8 @@ def _check_max_seqlen(cu, given, name, field):
 
 def _varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    deterministic=False, return_attn_probs=False, block_table=None, k_descale=None, v_descale=None,
-                    **spec_fields):
+                    deterministic=False, return_attn_probs=False, block_table=None, *, k_descale=None,
+                    v_descale=None, **spec_fields):
     _one_device("flash_attn_varlen_func", q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                 alibi_slopes=alibi_slopes, block_table=block_table, k_descale=k_descale, v_descale=v_descale)
     if block_table is not None:

@@ -193,6 +193,20 @@ def test_flash_attn_varlen_func_reads_8bit_kv(dtype, layout, qdtype):
     check_close(f"varlen {dtype}/{layout}/{qdtype}", out, torch.cat(refs), torch.cat(pts))
 
 
+def test_varlen_descales_of_one_shape_for_both_layouts_are_per_head():
+    """As many key tokens as sequences: (B, Hk) is also (total_k, Hk). It is
+    read as FA3's per (sequence, kv head) descale."""
+    cu_q, cu_k = torch.tensor([0, 3, 5], dtype=torch.int32), torch.tensor([0, 0, 2], dtype=torch.int32)
+    q = randn(5, 2, 16, seed=1)
+    kc = _kv8.quantize(randn(2, 1, 16, seed=2), 0.05, torch.int8)
+    vc = _kv8.quantize(randn(2, 1, 16, seed=3), 0.05, torch.int8)
+    ks = torch.tensor([[0.02], [0.03]])  # sequence 0 has no keys: only 0.03 (sequence 1's) may act
+    out = at.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 3, 2, k_descale=ks, v_descale=ks)
+    ref, pt = reference(q[None, 3:], (kc.float() * 0.03)[None], (vc.float() * 0.03)[None])
+    assert torch.equal(out[:3], torch.zeros_like(out[:3]))
+    check_close("per_head reading", out[3:], ref[0], pt[0])
+
+
 def test_varlen_8bit_kv_refuses_bad_descales_and_training():
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     q = randn(8, 2, 16, seed=1)

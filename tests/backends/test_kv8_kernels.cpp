@@ -187,6 +187,29 @@ TEST(Kv8NonFinite, NonFiniteValueCodeLeavesTheOtherRowsExact) {
   }
 }
 
+// A zero or negative softmax scale (finite: allowed) over an 8-bit K: the
+// bf16 GEMM forward may not multiply masked scores (-inf) by the scale after
+// masking — -inf x 0 is NaN, -inf x -0.125 is +inf.
+TEST(Kv8Scale, ZeroAndNegativeSoftmaxScalesMeetTheRule) {
+  AttentionSpec s = base(200, 230, 64, 64);
+  s.batch = 1;
+  s.causal = true;
+  for (const double scale : {0.0, -0.125, 1e-39}) {
+    s.scale = scale;
+    const testing::Problem f32 = testing::make_problem(s, 8);
+    for (DType q : {DType::f32, DType::bf16}) {
+      const testing::Kv8Problem k = testing::quantize_problem(f32, q, DType::i8, KVScale::per_head, 12);
+      for (const auto& backend : {make_decode_backend(), make_flash_backend()}) {
+        if (!backend->check(k.q8.spec, Pass::forward).ok()) continue;  // decode: seqlen_q past its limit
+        const testing::PassResults got = testing::run_backend(*backend, k.q8, false);
+        testing::expect_kv8_within_rule(
+            got, k,
+            std::string(backend->name()) + " scale " + std::to_string(scale) + " q=" + std::string(to_string(q)));
+      }
+    }
+  }
+}
+
 // Every finite code through each family's widening loads: with one key, P = 1
 // and the output row is V's row exactly (f32 queries), so out[d] must be the
 // code's value times its scale, bit for bit, at every position of a vector.

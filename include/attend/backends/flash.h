@@ -10,9 +10,10 @@
 // inputs. Extra memory is per thread and independent of sequence length (f32;
 // the bf16/f16 backward adds the dQ sum above), except that the bf16 forward on
 // bf16 GEMMs (avx512bf16, avx512amx) packs K/V once per (batch, kv head) for all
-// the query heads and blocks that read them: (head_dim_qk + head_dim_v) x 2
-// bytes per key and pair, in chunks of pairs within ATTEND_FLASH_PACKED_KV_MB
-// MiB (256; 0: each task packs the blocks it reads, as for one task per pair).
+// the query heads and blocks that read them: about (head_dim_qk + head_dim_v)
+// x 2 bytes per key and pair (AMX pads head_dim_qk to 32), in chunks of pairs
+// within ATTEND_FLASH_PACKED_KV_MB MiB (256; 0, or chunks too small to give
+// every thread a task: each task packs the blocks it reads).
 // Backward is bitwise identical across runs and thread counts.
 // Environment: ATTEND_ISA=avx512amx|avx512bf16|avx512|avx2|scalar forces a kernel
 // family. Without it the best the CPU has is used, in the order avx512amx

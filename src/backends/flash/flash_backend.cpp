@@ -73,7 +73,8 @@ std::int64_t kv_part_floats(const AttentionSpec& s) {
 // for an 8-bit K/V, widens) the blocks it reads, group x query blocks times
 // over. The buffers go ahead of the per-thread scratch and take at most
 // flash::packed_kv_budget() bytes: pairs are packed and run in chunks that
-// fit, and with none that fits (one pair's K/V past the budget) the tasks pack.
+// fit, and with none that fits (one pair's K/V past the budget), or chunks
+// too small to give every thread a task, the tasks pack.
 struct PackedKvPlan {
   std::int64_t blocks = 0, pair_words = 0;  // key blocks and 32-bit words of one pair
   std::int64_t chunk = 0;                   // pairs packed at a time; 0: per task
@@ -88,6 +89,9 @@ PackedKvPlan packed_kv_plan(const flash::KernelTable& k, const flash::DtypeKerne
   plan.pair_words = detail::sat_mul(plan.blocks, kd.packed_block_words(s.head_dim_qk, s.head_dim_v));
   const std::int64_t fit = flash::packed_kv_budget() / detail::sat_mul(plan.pair_words, sizeof(std::uint32_t));
   plan.chunk = std::min(detail::sat_mul(s.batch, s.heads_kv), fit);
+  const std::int64_t tasks =
+      detail::sat_mul(plan.chunk, detail::sat_mul(s.group_size(), detail::ceil_div(s.seqlen_q, k.block_m)));
+  if (tasks < detail::thread_budget()) plan.chunk = 0;
   return plan;
 }
 
@@ -188,8 +192,11 @@ class FlashBackend final : public Backend {
     const std::size_t per_thread = static_cast<std::size_t>(forward_floats(k, a.spec));
     PackedKvPlan packed = packed_kv_plan(k, kd, a.spec);
     std::int64_t packed_at = packed_floats(k, a.spec);
-    // A workspace sized before the budget changed may lack the room: pack per task.
-    if (static_cast<std::size_t>(packed_at) + per_thread > a.workspace.bytes / sizeof(float)) {
+    // A workspace sized before the budget (or the thread budget) changed may
+    // lack the room for the buffer and every thread's scratch: pack per task.
+    const std::size_t threads = static_cast<std::size_t>(detail::thread_budget());
+    if (static_cast<std::size_t>(packed_at) > a.workspace.bytes / sizeof(float) ||
+        a.workspace.bytes / sizeof(float) - static_cast<std::size_t>(packed_at) < per_thread * threads) {
       packed = {};
       packed_at = 0;
     }

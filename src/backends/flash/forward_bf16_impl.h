@@ -247,7 +247,7 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
   std::fill(acc, acc + (kAmx ? dvp * BM : m * dvp), 0.0f);
 
   const detail::KeyRange first = p.keys(i0, span), last = p.keys(i0 + m - 1, span);
-  const std::int64_t keys_from = first.begin / BN * BN;
+  const std::int64_t keys_from = first.begin / BN * BN, seq_keys_end = p.keys(span.q_len - 1, span).end;
   const bool plain = p.softcap == 0 && !p.alibi && !p.bias;
   // The units of the scores and of row_max: raw QK^T when only the mask acts
   // on them and the scale is positive (max commutes with it), else logits.
@@ -297,7 +297,9 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
     if (pair_kv != nullptr && j0 / BN < p.packed_blocks) {
       blk = pair_kv + j0 / BN * block_words;
     } else {
-      pack_kv_block<S, Tiles, KV>(p, b, hk, span, j0, n, own_block, vv2, vcodes);
+      // The rows pack_kv_blocks would pack (up to the sequence's last visible
+      // key, not this task's): V's finiteness flag then covers the same rows.
+      pack_kv_block<S, Tiles, KV>(p, b, hk, span, j0, std::min(BN, seq_keys_end - j0), own_block, vv2, vcodes);
       for (std::int64_t j = j0 + BN; j < std::min(j0 + 2 * BN, last.end); ++j) {
         prefetch_row(p.k_row<KV>(b, span, j, hk), dqk);
         prefetch_row(p.v_row<KV>(b, span, j, hk), dv);
@@ -334,17 +336,22 @@ void forward_block_bf16_gemm(const FlashParams& p, std::int64_t b, std::int64_t 
       }
     }
     // An 8-bit K/V's scales per key: K's times the softmax scale on the
-    // scores, V's on P as it is rounded to pairs.
+    // scores, V's on P as it is rounded to pairs. The softmax may read the
+    // scores times K's factors only where each is a positive normal float:
+    // the mask's -inf times 0 (a zero or underflowing scale) or times a
+    // negative factor would not stay -inf.
+    bool fused = kQuant && plain;
     if constexpr (kQuant) {
       for (std::int64_t j = 0; j < n; ++j) {
         key_mul[j] = p.scale * p.kscale.at(p.pages, b, span.kv_begin + j0 + j, hk);
         p_mul[j] = p.vscale.at(p.pages, b, span.kv_begin + j0 + j, hk);
+        fused = fused && std::isnormal(key_mul[j]) && key_mul[j] > 0.0f;
       }
     }
     // Raw scores (no scaling pass) where nothing but the mask acts on them:
     // softmax_to_pairs folds the scale into its exponent, or the scales of an
     // 8-bit K into its reading of the scores (softmax_pairs.h).
-    if (!raw && !(kQuant && plain)) {
+    if (!raw && !fused) {
       for (std::int64_t j = 0; j < n; ++j) {
         const V vscale = S::set1(kQuant ? key_mul[j] : p.scale);
         for (std::int64_t c = c0; c < c1; c += S::W)

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -34,6 +35,26 @@ bool packs_kv() {
 // Returns to the environment's budget however a test ends.
 struct BudgetGuard {
   ~BudgetGuard() { flash::set_packed_kv_budget(-1); }
+};
+
+// Sets an environment variable for a test's scope.
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old;
+    setenv(name, value, 1);
+  }
+  ~EnvGuard() {
+    if (saved_) {
+      setenv(name_, saved_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
 };
 
 AttentionSpec base(std::int64_t sq, std::int64_t sk, std::int64_t hq, std::int64_t hkv, std::int64_t d) {
@@ -102,6 +123,14 @@ std::vector<PackedCase> cases() {
   PackedCase inf{"inf_in_v_outside_windows", testing::problem_as(testing::make_problem(s, 43), DType::bf16)};
   testing::set_element(inf.problem.v, (0 * 300 + 5) * 2 * 64 + 3, std::numeric_limits<double>::infinity());
   v.push_back(inf);
+  // One in the last block past the first query block's last key (causal,
+  // Sk - Sq = 100: queries 0-255 see keys up to 355): the block's flag must be
+  // the same whichever packed it.
+  s = base(300, 400, 4, 2, 64);
+  s.causal = true;
+  PackedCase tail{"inf_in_v_past_a_tasks_keys", testing::problem_as(testing::make_problem(s, 44), DType::bf16)};
+  testing::set_element(tail.problem.v, (0 * 400 + 370) * 2 * 64 + 3, std::numeric_limits<double>::infinity());
+  v.push_back(tail);
   // A paged cache with left padding (prefill over it), and an 8-bit one.
   AttentionSpec paged = base(300, 0, 4, 2, 64);
   paged.causal = true;
@@ -121,6 +150,7 @@ std::vector<PackedCase> cases() {
 
 TEST(FlashPackedKv, PackedChunkedAndPerTaskAreBitIdentical) {
   const BudgetGuard guard;
+  const EnvGuard threads("ATTEND_NUM_THREADS", "2");  // one pair's tasks fill the threads
   const auto flash = make_flash_backend();
   for (const PackedCase& c : cases()) {
     SCOPED_TRACE(c.name);
@@ -154,6 +184,7 @@ TEST(FlashPackedKv, PackedChunkedAndPerTaskAreBitIdentical) {
 // the bf16-GEMM families only, and never past the budget.
 TEST(FlashPackedKv, WorkspaceGrowsOnlyByThePackedKvWithinTheBudget) {
   const BudgetGuard guard;
+  const EnvGuard threads("ATTEND_NUM_THREADS", "2");
   const auto flash = make_flash_backend();
   AttentionSpec s = base(1024, 1024, 8, 2, 128);
   AttentionSpec longer = s;
@@ -169,6 +200,14 @@ TEST(FlashPackedKv, WorkspaceGrowsOnlyByThePackedKvWithinTheBudget) {
     EXPECT_LE(per_key, (128 + 128) * 2.0 * 1.05);
     flash::set_packed_kv_budget(static_cast<std::int64_t>(packed) - 1);  // 3 of the 4 pairs fit
     EXPECT_EQ(flash->workspace_bytes(longer, Pass::forward) - flat, packed / 4 * 3);
+    // Chunks too small to give every thread a task (one pair: 4 heads x 32
+    // query blocks) are not worth their pass: each task packs.
+    flash::set_packed_kv_budget(static_cast<std::int64_t>(packed / 4));
+    EXPECT_EQ(flash->workspace_bytes(longer, Pass::forward) - flat, packed / 4);
+    const EnvGuard many("ATTEND_NUM_THREADS", "256");  // 128 tasks a pair
+    const std::size_t one_pair_chunks = flash->workspace_bytes(longer, Pass::forward);
+    flash::set_packed_kv_budget(0);
+    EXPECT_EQ(one_pair_chunks, flash->workspace_bytes(longer, Pass::forward));
   } else {
     EXPECT_EQ(packed, 0u);
   }
