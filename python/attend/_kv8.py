@@ -75,6 +75,11 @@ def dequantize(codes, scale):
     return codes.float() * scale
 
 
+def requested(k, v, k_descale, v_descale):
+    """Whether a call asks for 8-bit K/V: either is 8-bit or a descale is given."""
+    return is_kv8(k) or is_kv8(v) or k_descale is not None or v_descale is not None
+
+
 def descale(d, field, dtype_field):
     """A descale argument as an f32 tensor: a Python number becomes a (1,)
     tensor, a 0-d tensor is viewed as (1,)."""

@@ -244,7 +244,7 @@ def _flash_spec(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
 def _kv8_fields(k, v, k_descale, v_descale, per_head, per_token, api):
     """None where K/V are not 8-bit and no descale is given; else (spec fields
     kv_dtype and kv_scale, k_scale, v_scale) from the descales' layout."""
-    if not (_kv8.is_kv8(k) or _kv8.is_kv8(v) or k_descale is not None or v_descale is not None):
+    if not _kv8.requested(k, v, k_descale, v_descale):
         return None
     kv_dtype = _kv8_dtype(k, v, "k", "v", k_descale, v_descale)
     _kv8_eager(api, kv_dtype)
@@ -325,7 +325,7 @@ def flash_attn_func(
     a number or (1,) per tensor, (B, Hk) per (sequence, kv head), (B, Sk, Hk)
     per token; none given: scale 1. float32, finite and > 0 (a bad one is
     refused naming k_scale / v_scale, attend's names for them)."""
-    if _kv8.is_kv8(k) or _kv8.is_kv8(v) or k_descale is not None or v_descale is not None:
+    if _kv8.requested(k, v, k_descale, v_descale):
         if cp_group is not None:
             _raise(UnsupportedError, "cp_group", "set", "context parallelism does not take 8-bit K/V")
         return _flash_kv8(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -492,7 +492,7 @@ def flash_attn_varlen_func(
     only) standing for code * descale, as in flash_attn_func: k_descale /
     v_descale (1,) or a number per tensor, (B, Hk) per (sequence, kv head) —
     FA3's, and what a shape both could be means — or (total_k, Hk) per token."""
-    if _kv8.is_kv8(k) or _kv8.is_kv8(v) or k_descale is not None or v_descale is not None:
+    if _kv8.requested(k, v, k_descale, v_descale):
         return _varlen_kv8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                            causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
                            sinks, k_descale, v_descale, spec_fields)
@@ -651,7 +651,7 @@ def flash_attn_with_kvcache(
         _raise(InvalidArgumentError, "k" if k is None else "v", None, "k and v are appended together")
     B = q.shape[0]
     kv_dtype = kv_scale = k_scale = v_scale = None
-    if _kv8.is_kv8(k_cache) or _kv8.is_kv8(v_cache) or k_descale is not None or v_descale is not None:
+    if _kv8.requested(k_cache, v_cache, k_descale, v_descale):
         kv_dtype = _kv8_dtype(k_cache, v_cache, "k_cache", "v_cache", k_descale, v_descale)
         kv_scale, k_scale, v_scale = _kv8.scale_layout(k_descale, v_descale, (B, k_cache.shape[2]),
                                                        k_cache.shape[:3])

@@ -78,20 +78,20 @@ std::int64_t kv_part_floats(const AttentionSpec& s) {
 struct PackedKvPlan {
   std::int64_t blocks = 0, pair_words = 0;  // key blocks and 32-bit words of one pair
   std::int64_t chunk = 0;                   // pairs packed at a time; 0: per task
+  // Floats of the buffer: a whole number of cache lines, as every block's words are.
   std::int64_t floats() const { return detail::sat_mul(chunk, pair_words); }
 };
 
-PackedKvPlan packed_kv_plan(const flash::KernelTable& k, const flash::DtypeKernels& kd, const AttentionSpec& s) {
-  if (kd.pack_kv == nullptr || s.seqlen_kv <= 0) return {};
-  if (detail::sat_mul(s.group_size(), detail::ceil_div(s.seqlen_q, k.block_m)) < 2) return {};
+PackedKvPlan packed_kv_plan(const flash::KernelTable& k, const AttentionSpec& s) {
+  const flash::DtypeKernels& kd = k.for_dtype(s.dtype, s.effective_kv_dtype());
+  const std::int64_t tasks_per_pair = detail::sat_mul(s.group_size(), detail::ceil_div(s.seqlen_q, k.block_m));
+  if (kd.pack_kv == nullptr || s.seqlen_kv <= 0 || tasks_per_pair < 2) return {};
   PackedKvPlan plan;
   plan.blocks = detail::ceil_div(s.seqlen_kv, kd.block_n);
   plan.pair_words = detail::sat_mul(plan.blocks, kd.packed_block_words(s.head_dim_qk, s.head_dim_v));
   const std::int64_t fit = flash::packed_kv_budget() / detail::sat_mul(plan.pair_words, sizeof(std::uint32_t));
   plan.chunk = std::min(detail::sat_mul(s.batch, s.heads_kv), fit);
-  const std::int64_t tasks =
-      detail::sat_mul(plan.chunk, detail::sat_mul(s.group_size(), detail::ceil_div(s.seqlen_q, k.block_m)));
-  if (tasks < detail::thread_budget()) plan.chunk = 0;
+  if (detail::sat_mul(plan.chunk, tasks_per_pair) < detail::thread_budget()) plan.chunk = 0;
   return plan;
 }
 
@@ -177,7 +177,7 @@ class FlashBackend final : public Backend {
   std::size_t scratch_bytes(const AttentionSpec& s, Pass pass, const Target& target) const override {
     const flash::KernelTable& k = table(target);
     if (pass == Pass::forward) {
-      const std::size_t packed = detail::sat_float_bytes(packed_floats(k, s), 1);
+      const std::size_t packed = detail::sat_float_bytes(packed_kv_plan(k, s).floats(), 1);
       return detail::sat_add_bytes(detail::sat_float_bytes(forward_floats(k, s), detail::thread_budget()), packed);
     }
     const std::size_t scratch = detail::sat_float_bytes(backward_floats(k, s), detail::thread_budget());
@@ -190,8 +190,8 @@ class FlashBackend final : public Backend {
     const flash::DtypeKernels& kd = k.for_dtype(a.spec.dtype, a.spec.effective_kv_dtype());
     flash::FlashParams p = flash::make_forward_params(a);
     const std::size_t per_thread = static_cast<std::size_t>(forward_floats(k, a.spec));
-    PackedKvPlan packed = packed_kv_plan(k, kd, a.spec);
-    std::int64_t packed_at = packed_floats(k, a.spec);
+    PackedKvPlan packed = packed_kv_plan(k, a.spec);
+    std::int64_t packed_at = packed.floats();
     // A workspace sized before the budget (or the thread budget) changed may
     // lack the room for the buffer and every thread's scratch: pack per task.
     const std::size_t threads = static_cast<std::size_t>(detail::thread_budget());
@@ -280,12 +280,6 @@ class FlashBackend final : public Backend {
     const auto i = static_cast<std::size_t>(t.variant);
     return i < std::size(flash::kFamilies) ? flash::kernels_for(flash::kFamilies[i]) : flash::kernels_amx_emulated();
   }
-  // Floats of the packed K/V ahead of the threads' scratch, a whole number of cache lines.
-  static std::int64_t packed_floats(const flash::KernelTable& k, const AttentionSpec& s) {
-    const flash::DtypeKernels& kd = k.for_dtype(s.dtype, s.effective_kv_dtype());
-    return detail::sat_mul(detail::ceil_div(packed_kv_plan(k, kd, s).floats(), 16), 16);
-  }
-
   // Packs the key blocks the queries of p's packed pairs see, kChunk blocks a
   // task, into buffer (pair packed_first first).
   static void pack_pairs(const flash::FlashParams& p, const flash::DtypeKernels& kd, const Workspace& ws,

@@ -49,6 +49,7 @@ constexpr std::int64_t head_pairs(std::int64_t dqk) {
 template <class S, class Tiles>
 std::int64_t packed_block_words(std::int64_t dqk, std::int64_t dv) {
   using Tr = KernelTraits<S>;
+  static_assert(Tr::fwd_n % 16 == 0, "whole cache lines per block (flash_backend.cpp's buffer relies on it)");
   return Tr::fwd_n * head_pairs<!std::is_void_v<Tiles>>(dqk) + Tr::fwd_n / 2 * round_up(dv, S::W) + 16;
 }
 

@@ -220,17 +220,15 @@ TEST(FlashPackedKv, WorkspaceGrowsOnlyByThePackedKvWithinTheBudget) {
 // an attend::Error naming the variable and the value wherever it is read.
 TEST(FlashPackedKv, BudgetComesFromTheEnvironmentAndBadValuesAreNamed) {
   const BudgetGuard guard;
-  const char* old = std::getenv("ATTEND_FLASH_PACKED_KV_MB");
-  const std::string saved = old ? old : "";
   flash::set_packed_kv_budget(-1);
-  setenv("ATTEND_FLASH_PACKED_KV_MB", "3", 1);
+  const EnvGuard env("ATTEND_FLASH_PACKED_KV_MB", "3");
   EXPECT_EQ(flash::packed_kv_budget(), std::int64_t{3} << 20);
   const auto flash = make_flash_backend();
   const AttentionSpec s = base(512, 512, 8, 2, 64);
   // Read where a forward would pack: the bf16-GEMM families.
   for (const char* bad : {"-1", "12abc", "99999999999", "x"}) {
     if (!packs_kv()) break;
-    setenv("ATTEND_FLASH_PACKED_KV_MB", bad, 1);
+    const EnvGuard bad_env("ATTEND_FLASH_PACKED_KV_MB", bad);
     try {
       (void)flash->workspace_bytes(s, Pass::forward);
       ADD_FAILURE() << bad << " was accepted";
@@ -238,11 +236,6 @@ TEST(FlashPackedKv, BudgetComesFromTheEnvironmentAndBadValuesAreNamed) {
       EXPECT_NE(std::string(e.what()).find("ATTEND_FLASH_PACKED_KV_MB"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
     }
-  }
-  if (old) {
-    setenv("ATTEND_FLASH_PACKED_KV_MB", saved.c_str(), 1);
-  } else {
-    unsetenv("ATTEND_FLASH_PACKED_KV_MB");
   }
 }
 
