@@ -41,6 +41,25 @@ bool small_data(const attend_cli::Problem& p) {
 }
 
 #ifdef ATTEND_FUZZ_BENCH
+constexpr std::int64_t kMaxBenchScores = 1 << 18;
+
+// True when the score matrices a bench run computes (every head, every
+// sequence) hold at most kMaxBenchScores elements: the data can be tiny while
+// S^2 is not (H=2 D=1 S=4096 is 16k elements of data and 33M scores, some 80 s
+// of forward and backward under the sanitizers), and libFuzzer's per-input
+// timeout counts the kernels' time.
+bool small_scores(const attend::AttentionSpec& s) {
+  std::int64_t n = 0;
+  const std::int64_t rows = s.varlen() ? s.total_q : s.seqlen_q;
+  const std::int64_t cols = s.varlen() ? s.total_kv : s.seqlen_kv;
+  const std::int64_t batch = s.varlen() ? 1 : s.batch;
+  if (rows < 0 || cols < 0 || batch < 0 || __builtin_mul_overflow(rows, cols, &n) ||
+      __builtin_mul_overflow(n, batch, &n) || __builtin_mul_overflow(n, s.heads_q, &n)) {
+    return false;
+  }
+  return n <= kMaxBenchScores;
+}
+
 // `attend bench ARGS` as the tool runs it, on tiny problems only, with the
 // shortest timing, a tiny sgemm, no files and the output discarded: the
 // harness, the data it builds and the FLOP count are what is exercised.
@@ -57,10 +76,11 @@ void bench(std::vector<std::string> args) {
     app.parse(args);
     if (!sub->parsed() || cmd.seqlens.size() > 2 || cmd.dtypes.size() > 2) return;
     attend_cli::Problem p = attend_cli::make_problem(cmd.problem);
-    if (!small_data(p)) return;
+    if (!small_data(p) || !small_scores(p.spec)) return;
     for (const std::int64_t len : cmd.seqlens) {
       p.spec.seqlen_q = p.spec.seqlen_kv = len;
-      if (!small_data(p)) return;
+      if (cmd.tokens > 0 && len > 0) p.spec.batch = cmd.tokens / len;  // as the bench sweeps it
+      if (!small_data(p) || !small_scores(p.spec)) return;
     }
     // With no problem flag the bench runs its S=4096 target problem.
     if (cmd.seqlens.empty() && !cmd.causal_sweep) {
