@@ -12,7 +12,9 @@
 // bf16_t, f16_t) and KV of k/v (E, or an 8-bit code: fp8_e4m3_t, fp8_e5m2_t,
 // int8_t): K/V rows are widened to f32 as they are loaded (cpu/half_simd.h),
 // so a bf16/f16 cache streams half the bytes of an f32 one and an 8-bit cache a
-// quarter, while all arithmetic, the partials and the LSE stay f32. An 8-bit
+// quarter, while all arithmetic, the partials and the LSE stay f32 (but for
+// bf16 queries on AVX512-BF16: exact bf16 products of q and K, and of P
+// rounded to bf16 and V, summed in f32 by vdpbf16ps). An 8-bit
 // cache's scales never touch the codes: code * k_scale enters a score as
 // (q . code) * k_scale, one multiply per score, and code * v_scale as the
 // weight P * v_scale of the code row, one multiply per probability.
@@ -85,6 +87,14 @@ template <int R, int KB, class E>
   }
 }
 
+template <class E>
+inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim) {
+  constexpr std::int64_t kLine = 64 / static_cast<std::int64_t>(sizeof(E));  // elements per cache line
+  for (std::int64_t j = 0; j < n; ++j) {
+    for (std::int64_t d = 0; d < dim; d += kLine) __builtin_prefetch(rows[j] + d, 0, 1);
+  }
+}
+
 #if defined(ATTEND_DECODE_BF16_DOT)
 // dot_tile for a bf16 cache on AVX512-BF16 (the avx512bf16 family's TU sets
 // ATTEND_DECODE_BF16_DOT): vdpbf16ps multiplies 16 pairs of bf16 exactly and
@@ -120,6 +130,97 @@ template <int R, int KB>
   if (d < dqk) step(d, static_cast<__mmask32>((std::uint64_t{1} << (dqk - d)) - 1));
   simd::store_tile<Simd, KB, R>(s, kBlockN, Simd::mul(simd::sum_lanes<Simd>(acc), Simd::set1(scale)));
 }
+
+// P V on vdpbf16ps too (bf16 queries): the block's V is laid out once as key
+// pairs — pair row k2 holds (v[2 k2][d], v[2 k2 + 1][d]) side by side for each
+// of dvp dims, vdpbf16ps's operand — and a row's P as bf16 pairs, so two keys
+// times 16 dims take one vdpbf16ps against two widenings and two FMAs in f32,
+// for every query row of the group. P is rounded to bf16 as flash's bf16
+// kernels round it (its sum, the LSE and the normalisation stay f32).
+//
+// dst (npairs rows of dvp u32) = the pairs of rows v[0, n); a missing key
+// (n odd) and the dims past dv are zero. `next`'s nn rows are asked for on
+// the way (NextBlock's reason: a few at a time). Every 8-bit code is a bf16,
+// so its f32 widening's high half is exact.
+template <class KV>
+inline void pair_block(const KV* const* v, std::int64_t n, std::int64_t dv, std::int64_t dvp, std::uint32_t* dst,
+                       const KV* const* next, std::int64_t nn) {
+  for (std::int64_t k2 = 0; 2 * k2 < n; ++k2) {
+    const KV* a = v[2 * k2];
+    const KV* b = 2 * k2 + 1 < n ? v[2 * k2 + 1] : nullptr;
+    std::uint32_t* out = dst + k2 * dvp;
+    if (2 * k2 < nn) prefetch_rows(next + 2 * k2, std::min<std::int64_t>(2, nn - 2 * k2), dv);
+    std::int64_t d = 0;
+    if constexpr (std::is_same_v<KV, detail::bf16_t>) {
+      // Even dims' words from a, odd from b: vpermt2w of a 32-dim row pair.
+      alignas(64) static constexpr std::uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                            37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                            11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+      const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+      for (; d < dvp; d += 32) {
+        const __mmask32 live = d >= dv        ? 0
+                               : dv - d >= 32 ? ~__mmask32{0}
+                                              : static_cast<__mmask32>((1u << (dv - d)) - 1);
+        const __m512i x = _mm512_maskz_loadu_epi16(live, a + d);
+        const __m512i y = b ? _mm512_maskz_loadu_epi16(live, b + d) : _mm512_setzero_si512();
+        _mm512_storeu_si512(out + d, _mm512_permutex2var_epi16(x, lo, y));
+        if (d + 16 < dvp) _mm512_storeu_si512(out + d + 16, _mm512_permutex2var_epi16(x, hi, y));
+      }
+    } else {
+      const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+      for (; d + W <= dv; d += W) {
+        const __m512i x = _mm512_castps_si512(load_f32<Simd>(a + d));
+        const __m512i y = b ? _mm512_castps_si512(load_f32<Simd>(b + d)) : _mm512_setzero_si512();
+        // (x >> 16) | (y & 0xffff0000): select by `high`, bit by bit.
+        _mm512_storeu_si512(out + d, _mm512_ternarylogic_epi32(high, _mm512_srli_epi32(x, 16), y, 0xac));
+      }
+      for (; d < dvp; ++d) {
+        const auto bits = [&](const KV* row) -> std::uint32_t {
+          return row && d < dv ? detail::from_f32<detail::bf16_t>(to_f32(row[d])).bits : 0u;
+        };
+        out[d] = bits(a) | bits(b) << 16;
+      }
+    }
+  }
+}
+
+// acc_r += P_r V over the block's npairs key pairs for R rows; pp: row r's P
+// pairs at pp + r * kBlockN (u32 each). Each pair vector serves R rows.
+template <int R, int NV>
+[[gnu::always_inline]] inline std::int64_t pv_pair_panel(std::int64_t d, std::int64_t dvp, const std::uint32_t* pp,
+                                                         const std::uint32_t* vp, std::int64_t npairs, float* acc,
+                                                         std::int64_t lda) {
+  for (; d + NV * W <= dvp; d += NV * W) {
+    V a[R][NV];
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < NV; ++u) a[r][u] = Simd::load(acc + r * lda + d + u * W);
+    for (std::int64_t k2 = 0; k2 < npairs; ++k2) {
+      __m512bh vv[NV];
+      for (int u = 0; u < NV; ++u) vv[u] = (__m512bh)_mm512_loadu_si512(vp + k2 * dvp + d + u * W);
+      for (int r = 0; r < R; ++r) {
+        const auto pj = (__m512bh)_mm512_set1_epi32(static_cast<int>(pp[r * kBlockN + k2]));
+        for (int u = 0; u < NV; ++u) a[r][u] = _mm512_dpbf16_ps(a[r][u], pj, vv[u]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int u = 0; u < NV; ++u) Simd::store(acc + r * lda + d + u * W, a[r][u]);
+  }
+  return d;
+}
+
+template <int R>
+inline void pv_pairs(const std::uint32_t* pp, const std::uint32_t* vp, std::int64_t npairs, std::int64_t dvp,
+                     float* acc, std::int64_t lda) {
+  std::int64_t d = pv_pair_panel<R, 4>(0, dvp, pp, vp, npairs, acc, lda);
+  pv_pair_panel<R, 1>(d, dvp, pp, vp, npairs, acc, lda);  // dvp is a multiple of W
+}
+
+// Row r's f32 probabilities as bf16 pairs, in place at the row's start.
+inline void pairs_of_row(float* s) {
+  static_assert(kBlockN == W);
+  const __m256bh h = _mm512_cvtneps_pbh(Simd::load(s));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(s), (__m256i)h);
+}
 #else
 inline constexpr bool kPairScores = false;
 #endif
@@ -149,14 +250,6 @@ inline void widen_row(const KV* src, std::int64_t n, C* dst) {
     }
   }
   for (; d < n; ++d) dst[d] = detail::from_f32<C>(to_f32(src[d]));
-}
-
-template <class E>
-inline void prefetch_rows(const E* const* rows, std::int64_t n, std::int64_t dim) {
-  constexpr std::int64_t kLine = 64 / static_cast<std::int64_t>(sizeof(E));  // elements per cache line
-  for (std::int64_t j = 0; j < n; ++j) {
-    for (std::int64_t d = 0; d < dim; d += kLine) __builtin_prefetch(rows[j] + d, 0, 1);
-  }
 }
 
 // The next block's K and V rows, asked for a few rows at a time while this
@@ -350,11 +443,13 @@ inline HeadState carve(const DecodeParams& p, float* base) {
 // Keys [j0, j0 + n) of kv head hk for its m query rows (r = i * group + g):
 // scores, mask and logit terms, online softmax, P V; meanwhile the rows of
 // `next` are asked for. ksc/vsc: the keys' scales (an 8-bit cache with
-// scales; kBlockN entries, padding 1), else null.
+// scales; kBlockN entries, padding 1), else null. vpairs: the block's V as
+// key pairs (pair_block) where P V takes vdpbf16ps, else null; vr then still
+// serves the rows that see part of the block, and next.v is not asked for.
 template <class E, class KV, class VV>
 inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n,
                        const KV* const* kr, const VV* const* vr, const HeadState& st, NextBlock<KV, VV> next,
-                       const float* ksc, const float* vsc) {
+                       const float* ksc, const float* vsc, [[maybe_unused]] const std::uint32_t* vpairs) {
   const detail::SeqSpan sp = p.span(b);
   const std::int64_t g = p.group, m = g * sp.q_len, lda = p.plan.dvp;
   const bool plain = p.softcap == 0 && !p.slopes.data && !p.bias;
@@ -428,6 +523,37 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
   // four query rows and applied to all of them from registers. The first
   // call asks for the next block's V rows.
   std::int64_t r = 0;
+#if defined(ATTEND_DECODE_BF16_DOT)
+  if (vpairs) {
+    // Rows that see the whole block take the pairs; a partial row its keys
+    // alone in f32 (a pair's masked key would meet a zero P in vdpbf16ps).
+    const std::int64_t npairs = (n + 1) / 2;
+    const auto pp = [&](std::int64_t r0, std::int64_t count) {
+      for (std::int64_t i = r0; i < r0 + count; ++i) pairs_of_row(st.s + i * kBlockN);
+      return reinterpret_cast<const std::uint32_t*>(st.s + r0 * kBlockN);
+    };
+    while (r < m) {
+      if (full(r, 4)) {
+        pv_pairs<4>(pp(r, 4), vpairs, npairs, lda, st.acc + r * lda, lda);
+        r += 4;
+      } else if (full(r, 2)) {
+        pv_pairs<2>(pp(r, 2), vpairs, npairs, lda, st.acc + r * lda, lda);
+        r += 2;
+      } else if (full(r, 1)) {
+        pv_pairs<1>(pp(r, 1), vpairs, npairs, lda, st.acc + r * lda, lda);
+        ++r;
+      } else {
+        const detail::KeyRange vis = p.keys(b, r / g);
+        const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
+        const std::int64_t hi = std::clamp<std::int64_t>(vis.end - j0, lo, n);
+        if (hi > lo)
+          pv_rows<1>(st.s + r * kBlockN + lo, vr + lo, hi - lo, p.dv, st.acc + r * lda, lda, NextBlock<VV>{});
+        ++r;
+      }
+    }
+    return;
+  }
+#endif
   while (r < m) {
     if (full(r, 4)) {
       pv_rows<4>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda, next);
@@ -518,6 +644,10 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
   // Per-key scales of an 8-bit cache (padding 1: those columns are masked).
   const bool scaled = p.kscale.data != nullptr;
   alignas(64) float ksc[kBlockN], vsc[kBlockN];
+  // Where P V takes vdpbf16ps, each block's V as key pairs (kBlockN / 2 rows
+  // of dvp u32: within the kBlockN x dvp floats of the convert region).
+  constexpr bool pairs = pair_scores<E, KV>;
+  auto* vpairs = reinterpret_cast<std::uint32_t*>(scratch + p.plan.convert_offset);
   const std::int64_t fold_every = fold_blocks((c1 - c0 + kBlockN - 1) / kBlockN);
   std::int64_t since_fold = 0;
   bool folded = false;
@@ -558,19 +688,27 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
         for (std::int64_t j = 0; j < n; ++j) {
           if (j < nn) {  // a row at a time (NextBlock's reason)
             prefetch_rows(nk + j, 1, dqk);
-            prefetch_rows(nv + j, 1, p.dv);
+            if (!pairs) prefetch_rows(nv + j, 1, p.dv);
           }
           widen_row(kr[j], dqk, kc + j * p.plan.dqkp);
-          widen_row(vr[j], p.dv, vc + j * p.plan.dvp);
+          if (!pairs) widen_row(vr[j], p.dv, vc + j * p.plan.dvp);
           ck[j] = kc + j * p.plan.dqkp;
           cv[j] = vc + j * p.plan.dvp;
         }
         std::fill(ck + n, ck + kBlockN, ck[0]);
-        block_step<E>(p, b, hk, j0, n, ck, cv, st, NextBlock<C, float>{}, scaled ? ksc : nullptr,
-                      scaled ? vsc : nullptr);
+        if constexpr (pairs) {
+          pair_block(vr, n, p.dv, p.plan.dvp, vpairs, nv, nn);
+          block_step<E>(p, b, hk, j0, n, ck, vr, st, NextBlock<C, KV>{}, scaled ? ksc : nullptr, scaled ? vsc : nullptr,
+                        vpairs);
+        } else {
+          block_step<E>(p, b, hk, j0, n, ck, cv, st, NextBlock<C, float>{}, scaled ? ksc : nullptr,
+                        scaled ? vsc : nullptr, nullptr);
+        }
       } else {
-        block_step<E>(p, b, hk, j0, n, kr, vr, st, NextBlock<KV>{nk, nv, std::max<std::int64_t>(nn, 0)},
-                      scaled ? ksc : nullptr, scaled ? vsc : nullptr);
+        const NextBlock<KV> next{nk, nv, std::max<std::int64_t>(nn, 0)};
+        if constexpr (pairs) pair_block(vr, n, p.dv, p.plan.dvp, vpairs, nv, next.n);
+        block_step<E>(p, b, hk, j0, n, kr, vr, st, next, scaled ? ksc : nullptr, scaled ? vsc : nullptr,
+                      pairs ? vpairs : nullptr);
       }
     }
   }

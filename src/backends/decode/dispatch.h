@@ -1,6 +1,6 @@
 // The decode kernels of one instruction-set family: decode's variants. The
-// avx512bf16 family is avx512's but for a bf16 cache's scores, on vdpbf16ps
-// (decode_impl.h's pair path); decode has no AMX family (one query row per
+// avx512bf16 family is avx512's but for bf16 queries' scores and P V, on
+// vdpbf16ps (decode_impl.h's pair paths); decode has no AMX family (one query row per
 // head, or a few, cannot fill a tile), so under ATTEND_ISA=avx512amx it runs
 // avx512bf16.
 #pragma once

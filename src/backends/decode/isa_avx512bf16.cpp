@@ -1,5 +1,5 @@
-// The decode kernels of the avx512bf16 family: avx512's, except that a bf16
-// cache's scores take vdpbf16ps (decode_impl.h's pair path). Only the bf16
+// The decode kernels of the avx512bf16 family: avx512's, except that bf16
+// queries' scores and P V take vdpbf16ps (decode_impl.h's pair paths). Only the bf16
 // kernels are compiled here; the f32 and f16 entries are avx512's.
 //
 // The Simd wrappers and decode's shared vector helpers are compiled in a
