@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -243,6 +244,64 @@ TEST(Kv8Codes, EveryFiniteCodeWidensExactly) {
       for (int c = 0; c < 256; ++c) {
         const float want = static_cast<float>(testing::code_value(v.view(), c)) * 0.75f;
         EXPECT_EQ(out.as<float>()[c], want) << backend->name() << " " << to_string(kv) << " code " << c;
+      }
+    }
+  }
+}
+
+// The same for bf16 queries, whose kernels read K and V as bf16 (decode's and
+// flash's vdpbf16ps paths: every code is a bf16, widened through f32, or for
+// e4m3 looked up in a table): V as above (out[d] = code * 0.75 rounded to
+// bf16), and K through the LSE — row (b, h) has q
+// one-hot at dim d = 16 b + h, so with one key its LSE is scale * code(d),
+// exactly (to 1e-6 on flash). Each code sits at its own position of a
+// 32-code load.
+TEST(Kv8Codes, EveryFiniteCodeWidensExactlyForBf16Queries) {
+  AttentionSpec s = base(1, 1, 256, 256);
+  s.batch = 16;
+  s.heads_q = 16;
+  s.heads_kv = 1;
+  s.dtype = DType::bf16;
+  s.kv_scale = KVScale::per_tensor;
+  Tensor q = Tensor::zeros(DType::bf16, {16, 1, 16, 256});
+  for (std::int64_t r = 0; r < 256; ++r) q.as<std::uint16_t>()[r * 256 + r] = 0x3f80;  // 1.0 at dim b * 16 + h
+  for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2, DType::i8}) {
+    s.kv_dtype = kv;
+    Tensor k = Tensor::zeros(kv, {16, 1, 1, 256}), v = Tensor::zeros(kv, {16, 1, 1, 256});
+    for (int b = 0; b < 16; ++b) {
+      for (int c = 0; c < 256; ++c) {
+        const bool finite = kv == DType::i8         ? c != 0x80
+                            : kv == DType::fp8_e4m3 ? (c & 0x7f) != 0x7f
+                                                    : ((c & 0x7f) >> 2) != 31;
+        k.as<std::uint8_t>()[b * 256 + c] = v.as<std::uint8_t>()[b * 256 + c] =
+            finite ? static_cast<std::uint8_t>(c) : 0;
+      }
+    }
+    Tensor ks = Tensor::zeros(DType::f32, {1}), vs = Tensor::zeros(DType::f32, {1});
+    ks.as<float>()[0] = 1.0f;
+    vs.as<float>()[0] = 0.75f;
+    Inputs in;
+    in.q = q;
+    in.k = k;
+    in.v = v;
+    in.k_scale = ks;
+    in.v_scale = vs;
+    for (const auto& backend : {make_decode_backend(), make_flash_backend()}) {
+      Tensor out = Tensor::zeros(DType::bf16, {16, 1, 16, 256}), lse = Tensor::zeros(DType::f32, {16, 16, 1});
+      backend->forward(ForwardArgs{s, in, out, lse});
+      for (std::int64_t r = 0; r < 256; ++r) {
+        const float lse_want = static_cast<float>(testing::code_value(k.view(), r)) * 0.0625f;
+        // Within 1e-6 (flash's exp2 polynomial leaves l = 1 + 1 ulp: LSE = s + 1.2e-7), far below
+        // a code's step (the smallest here: e4m3's 2^-9 * 0.0625 = 1.2e-4).
+        EXPECT_NEAR(lse.as<float>()[r], lse_want, 1e-6) << backend->name() << " " << to_string(kv) << " K code " << r;
+        for (int c = 0; c < 256; ++c) {
+          const float want = static_cast<float>(testing::code_value(v.view(), c)) * 0.75f;
+          // Within one bf16 step of the exact product (flash's 1 / l = 1 - 1 ulp can tip a tie
+          // of the output's rounding), below a code's step (int8's 127 vs 126: 0.8 %).
+          const float got = std::bit_cast<float>(std::uint32_t{out.as<std::uint16_t>()[r * 256 + c]} << 16);
+          ASSERT_NEAR(got, want, std::fabs(want) * 0x1p-8f)
+              << backend->name() << " " << to_string(kv) << " V code " << c << " row " << r;
+        }
       }
     }
   }

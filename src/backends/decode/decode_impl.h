@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -131,6 +132,54 @@ template <int R, int KB>
   simd::store_tile<Simd, KB, R>(s, kBlockN, Simd::mul(simd::sum_lanes<Simd>(acc), Simd::set1(scale)));
 }
 
+// bf16 bits of the e4m3 magnitude m (0..127; 0x7f is NaN): every e4m3 value
+// is a bf16. Normal codes move their exponent and mantissa fields over;
+// subnormals (m / 8 * 2^-6) are normalised.
+constexpr std::uint16_t e4m3_magnitude_bf16(unsigned m) {
+  const unsigned e = m >> 3, f = m & 7;
+  if (m == 0x7f) return 0x7fc0;
+  if (e != 0) return static_cast<std::uint16_t>(((e + 120) << 7) | (f << 4));
+  if (f == 0) return 0;
+  const unsigned k = f >= 4 ? 2 : f >= 2 ? 1 : 0;  // f = 2^k + rest
+  return static_cast<std::uint16_t>(((118 + k) << 7) | ((f - (1u << k)) << (7 - k)));
+}
+
+// The dims [d, d + 32) of an n-element row that exist, as a mask.
+inline __mmask32 live32(std::int64_t d, std::int64_t n) {
+  return d >= n ? 0 : n - d >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << (n - d)) - 1);
+}
+
+// 32 e4m3 codes (those in `live`; the others 0) as bf16 words: the 7-bit
+// magnitude looked up in a 128-entry table (two vpermt2w of 64 entries, bit 6
+// picks) and the sign moved from bit 7 to bit 15 — 7 operations per 32 codes,
+// where the f32 widening (load_f32) takes 7 per 16 and a rounding to bf16.
+inline __m512i e4m3_bf16x32(const detail::fp8_e4m3_t* src, __mmask32 live) {
+  alignas(64) static constexpr std::array<std::uint16_t, 128> kBits = [] {
+    std::array<std::uint16_t, 128> t{};
+    for (unsigned m = 0; m < 128; ++m) t[m] = e4m3_magnitude_bf16(m);
+    return t;
+  }();
+  const __m512i c = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(live, src));
+  const auto table = [&](int i) { return _mm512_load_si512(kBits.data() + 32 * i); };
+  const __m512i low = _mm512_permutex2var_epi16(table(0), c, table(1));
+  const __m512i high = _mm512_permutex2var_epi16(table(2), c, table(3));
+  const __m512i mag = _mm512_mask_mov_epi16(low, _mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40)), high);
+  // mag | ((c << 8) & 0x8000)
+  return _mm512_ternarylogic_epi32(mag, _mm512_slli_epi16(c, 8), _mm512_set1_epi16(static_cast<short>(0x8000)), 0xf8);
+}
+
+// 32 bf16 elements of a row (those in `live`; the others 0): a bf16 row as
+// it is, an e4m3 row through its table.
+template <class KV>
+inline __m512i bf16x32(const KV* row, __mmask32 live) {
+  if constexpr (std::is_same_v<KV, detail::bf16_t>) {
+    return _mm512_maskz_loadu_epi16(live, row);
+  } else {
+    static_assert(std::is_same_v<KV, detail::fp8_e4m3_t>);
+    return e4m3_bf16x32(row, live);
+  }
+}
+
 // P V on vdpbf16ps too (bf16 queries): the block's V is laid out once as key
 // pairs — pair row k2 holds (v[2 k2][d], v[2 k2 + 1][d]) side by side for each
 // of dvp dims, vdpbf16ps's operand — and a row's P as bf16 pairs, so two keys
@@ -151,18 +200,16 @@ inline void pair_block(const KV* const* v, std::int64_t n, std::int64_t dv, std:
     std::uint32_t* out = dst + k2 * dvp;
     if (2 * k2 < nn) prefetch_rows(next + 2 * k2, std::min<std::int64_t>(2, nn - 2 * k2), dv);
     std::int64_t d = 0;
-    if constexpr (std::is_same_v<KV, detail::bf16_t>) {
+    if constexpr (std::is_same_v<KV, detail::bf16_t> || std::is_same_v<KV, detail::fp8_e4m3_t>) {
       // Even dims' words from a, odd from b: vpermt2w of a 32-dim row pair.
       alignas(64) static constexpr std::uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
                                                             37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
                                                             11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
       const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
       for (; d < dvp; d += 32) {
-        const __mmask32 live = d >= dv        ? 0
-                               : dv - d >= 32 ? ~__mmask32{0}
-                                              : static_cast<__mmask32>((1u << (dv - d)) - 1);
-        const __m512i x = _mm512_maskz_loadu_epi16(live, a + d);
-        const __m512i y = b ? _mm512_maskz_loadu_epi16(live, b + d) : _mm512_setzero_si512();
+        const __mmask32 live = live32(d, dv);
+        const __m512i x = bf16x32(a + d, live);
+        const __m512i y = b ? bf16x32(b + d, live) : _mm512_setzero_si512();
         _mm512_storeu_si512(out + d, _mm512_permutex2var_epi16(x, lo, y));
         if (d + 16 < dvp) _mm512_storeu_si512(out + d + 16, _mm512_permutex2var_epi16(x, hi, y));
       }
@@ -239,6 +286,14 @@ using Converted = std::conditional_t<pair_scores<E, KV>, detail::bf16_t, float>;
 // dst[0, n) = the codes src[0, n) widened exactly (to f32, or bf16: every code is one).
 template <class C, class KV>
 inline void widen_row(const KV* src, std::int64_t n, C* dst) {
+#if defined(ATTEND_DECODE_BF16_DOT)
+  if constexpr (std::is_same_v<C, detail::bf16_t> && std::is_same_v<KV, detail::fp8_e4m3_t>) {
+    for (std::int64_t d = 0; d < n; d += 32) {
+      _mm512_mask_storeu_epi16(dst + d, live32(d, n), e4m3_bf16x32(src + d, live32(d, n)));
+    }
+    return;
+  }
+#endif
   std::int64_t d = 0;
   for (; d + W <= n; d += W) {
     if constexpr (std::is_same_v<C, float>) {
@@ -693,7 +748,7 @@ void split_task(const DecodeParams& p, std::int64_t b, std::int64_t hk0, std::in
           widen_row(kr[j], dqk, kc + j * p.plan.dqkp);
           if (!pairs) widen_row(vr[j], p.dv, vc + j * p.plan.dvp);
           ck[j] = kc + j * p.plan.dqkp;
-          cv[j] = vc + j * p.plan.dvp;
+          if (!pairs) cv[j] = vc + j * p.plan.dvp;
         }
         std::fill(ck + n, ck + kBlockN, ck[0]);
         if constexpr (pairs) {
