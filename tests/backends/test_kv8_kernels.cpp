@@ -211,6 +211,32 @@ TEST(Kv8Scale, ZeroAndNegativeSoftmaxScalesMeetTheRule) {
   }
 }
 
+// Code c, or 0 where c is not finite (int8's -128 is kept out too: symmetric codes).
+std::uint8_t finite_code_or_zero(DType kv, int c) {
+  const bool finite = kv == DType::i8         ? c != 0x80
+                      : kv == DType::fp8_e4m3 ? (c & 0x7f) != 0x7f
+                                              : ((c & 0x7f) >> 2) != 31;
+  return finite ? static_cast<std::uint8_t>(c) : 0;
+}
+
+// A per-tensor scale.
+Tensor scale_tensor(float x) {
+  Tensor t = Tensor::zeros(DType::f32, {1});
+  t.as<float>()[0] = x;
+  return t;
+}
+
+// Views of q, k, v and the scales (which must outlive the Inputs).
+Inputs coded_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ks, const Tensor& vs) {
+  Inputs in;
+  in.q = q;
+  in.k = k;
+  in.v = v;
+  in.k_scale = ks;
+  in.v_scale = vs;
+  return in;
+}
+
 // Every finite code through each family's widening loads: with one key, P = 1
 // and the output row is V's row exactly (f32 queries), so out[d] must be the
 // code's value times its scale, bit for bit, at every position of a vector.
@@ -223,21 +249,9 @@ TEST(Kv8Codes, EveryFiniteCodeWidensExactly) {
     s.kv_dtype = kv;
     Tensor q = Tensor::zeros(DType::f32, {1, 1, 1, 16}), k = Tensor::zeros(kv, {1, 1, 1, 16}),
            v = Tensor::zeros(kv, {1, 1, 1, 256});
-    Tensor ks = Tensor::zeros(DType::f32, {1}), vs = Tensor::zeros(DType::f32, {1});
-    ks.as<float>()[0] = 1.0f;
-    vs.as<float>()[0] = 0.75f;
-    for (int c = 0; c < 256; ++c) {
-      const bool finite = kv == DType::i8         ? c != 0x80
-                          : kv == DType::fp8_e4m3 ? (c & 0x7f) != 0x7f
-                                                  : ((c & 0x7f) >> 2) != 31;
-      v.as<std::uint8_t>()[c] = finite ? static_cast<std::uint8_t>(c) : 0;
-    }
-    Inputs in;
-    in.q = q;
-    in.k = k;
-    in.v = v;
-    in.k_scale = ks;
-    in.v_scale = vs;
+    for (int c = 0; c < 256; ++c) v.as<std::uint8_t>()[c] = finite_code_or_zero(kv, c);
+    const Tensor ks = scale_tensor(1.0f), vs = scale_tensor(0.75f);
+    const Inputs in = coded_inputs(q, k, v, ks, vs);
     for (const auto& backend : {make_decode_backend(), make_flash_backend()}) {
       Tensor out = Tensor::zeros(DType::f32, {1, 1, 1, 256}), lse = Tensor::zeros(DType::f32, {1, 1, 1});
       backend->forward(ForwardArgs{s, in, out, lse});
@@ -252,10 +266,9 @@ TEST(Kv8Codes, EveryFiniteCodeWidensExactly) {
 // The same for bf16 queries, whose kernels read K and V as bf16 (decode's and
 // flash's vdpbf16ps paths: every code is a bf16, widened through f32, or for
 // e4m3 looked up in a table): V as above (out[d] = code * 0.75 rounded to
-// bf16), and K through the LSE — row (b, h) has q
-// one-hot at dim d = 16 b + h, so with one key its LSE is scale * code(d),
-// exactly (to 1e-6 on flash). Each code sits at its own position of a
-// 32-code load.
+// bf16), and K through the LSE — row (b, h) has q one-hot at dim
+// d = 16 b + h, so with one key its LSE is scale * code(d), exactly (to 1e-6
+// on flash). Each code sits at its own position of a 32-code load.
 TEST(Kv8Codes, EveryFiniteCodeWidensExactlyForBf16Queries) {
   AttentionSpec s = base(1, 1, 256, 256);
   s.batch = 16;
@@ -268,24 +281,9 @@ TEST(Kv8Codes, EveryFiniteCodeWidensExactlyForBf16Queries) {
   for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2, DType::i8}) {
     s.kv_dtype = kv;
     Tensor k = Tensor::zeros(kv, {16, 1, 1, 256}), v = Tensor::zeros(kv, {16, 1, 1, 256});
-    for (int b = 0; b < 16; ++b) {
-      for (int c = 0; c < 256; ++c) {
-        const bool finite = kv == DType::i8         ? c != 0x80
-                            : kv == DType::fp8_e4m3 ? (c & 0x7f) != 0x7f
-                                                    : ((c & 0x7f) >> 2) != 31;
-        k.as<std::uint8_t>()[b * 256 + c] = v.as<std::uint8_t>()[b * 256 + c] =
-            finite ? static_cast<std::uint8_t>(c) : 0;
-      }
-    }
-    Tensor ks = Tensor::zeros(DType::f32, {1}), vs = Tensor::zeros(DType::f32, {1});
-    ks.as<float>()[0] = 1.0f;
-    vs.as<float>()[0] = 0.75f;
-    Inputs in;
-    in.q = q;
-    in.k = k;
-    in.v = v;
-    in.k_scale = ks;
-    in.v_scale = vs;
+    for (int i = 0; i < 16 * 256; ++i) k.as<std::uint8_t>()[i] = v.as<std::uint8_t>()[i] = finite_code_or_zero(kv, i % 256);
+    const Tensor ks = scale_tensor(1.0f), vs = scale_tensor(0.75f);
+    const Inputs in = coded_inputs(q, k, v, ks, vs);
     for (const auto& backend : {make_decode_backend(), make_flash_backend()}) {
       Tensor out = Tensor::zeros(DType::bf16, {16, 1, 16, 256}), lse = Tensor::zeros(DType::f32, {16, 16, 1});
       backend->forward(ForwardArgs{s, in, out, lse});
