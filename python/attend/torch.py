@@ -668,6 +668,7 @@ def flash_attn_with_kvcache(
     pad = _kv_per_sequence(cache_leftpad, "cache_leftpad", B) if cache_leftpad is not None else None
     if k is not None:
         _kv_check_append(q, k_cache, v_cache, k, v, kv_dtype is not None)
+        _kv_check_written(k_cache, v_cache, k_descale, v_descale, k_scale, v_scale, kv_scale)
         grown = seqlens.long() + k.shape[1]
         if B and int(grown.max()) > _INT32_MAX:
             _raise(InvalidArgumentError, "cache_seqlens", int(seqlens.max()),
@@ -799,6 +800,31 @@ def _kv_check_append(q, k_cache, v_cache, k, v, kv8=False):
                    "(appended tokens are not cast)")
     if v.shape[1] != k.shape[1]:
         _raise(ShapeMismatchError, "v.shape[1]", v.shape[1], f"must equal k's {k.shape[1]} new tokens")
+
+
+def _kv_check_written(k_cache, v_cache, k_descale, v_descale, k_scale, v_scale, kv_scale):
+    """An append writes the caches, and a per-token 8-bit cache's descales, in
+    place: each must be a tensor of its own, one element per slot. Refused
+    before anything changes: a missing per-token descale (the new tokens'
+    scales would go into a temporary, and the next call read the codes at 1),
+    an expanded view (every token would share one scale, rewritten by each
+    append), and K's and V's tensors being one memory (V's writes would
+    overwrite K's)."""
+    written = [(k_cache, "k_cache", v_cache, "v_cache")]
+    if kv_scale == "per_token":
+        for d, name in ((k_descale, "k_descale"), (v_descale, "v_descale")):
+            if d is None:
+                _raise(InvalidArgumentError, name, None, "appending to a per-token 8-bit cache writes the new "
+                       "tokens' scales into k_descale and v_descale: pass both (the cache's scales)")
+        written.append((k_scale, "k_descale", v_scale, "v_descale"))
+    for a, a_name, b, b_name in written:
+        for t, name in ((a, a_name), (b, b_name)):
+            if torch._debug_has_internal_overlap(t) == 1:
+                _raise(InvalidArgumentError, name, f"strides {tuple(t.stride())}", "elements share memory (an "
+                       "expanded view?): an append writes it in place, one element per slot")
+        if a.data_ptr() == b.data_ptr() and a.numel() and b.numel():
+            _raise(InvalidArgumentError, b_name, "the same memory as " + a_name, "an append writes both in "
+                   "place: K's and V's must be separate tensors")
 
 
 def _cu_like(t, name, dims):
