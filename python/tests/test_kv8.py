@@ -488,7 +488,36 @@ def test_per_head_appends_saturate(dtype):
     assert float(k_cache[:, :1].float().abs().max()) == _kv8.code_max(dtype)
 
 
+def test_appends_that_would_lose_or_share_written_memory_are_refused():
+    """An append writes the caches (and per-token descales) in place: a missing
+    per-token descale, an expanded one, or K's and V's being one tensor would
+    silently lose or overwrite what was written; each is refused by name, and
+    nothing changes."""
+    k_cache, v_cache, ks, vs, _ = _cache(False, torch.int8, "per_token")
+    q, k, v = randn(2, 1, 4, 32, seed=1), randn(2, 1, 2, 32, seed=2), randn(2, 1, 2, 32, seed=3)
+    shared = torch.full((1, 1, 1), 0.05).expand(ks.shape)
+    before = _snapshot(k_cache, v_cache, ks, vs)
+    for kw, field in ((dict(v_descale=vs), "k_descale"), (dict(k_descale=ks), "v_descale"),
+                      (dict(k_descale=shared, v_descale=vs), "k_descale"),
+                      (dict(k_descale=ks, v_descale=ks), "v_descale")):
+        with pytest.raises(InvalidArgumentError) as e:
+            at.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=0, **kw)
+        assert e.value.field == field, (kw.keys(), e.value)
+    with pytest.raises(InvalidArgumentError) as e:
+        at.flash_attn_with_kvcache(q, k_cache, k_cache, k, v, cache_seqlens=0, k_descale=ks, v_descale=vs)
+    assert e.value.field == "v_cache"
+    assert _unchanged(before, k_cache, v_cache, ks, vs)
+    wide = torch.zeros(2, 8, 2, 32, dtype=torch.bfloat16)
+    with pytest.raises(InvalidArgumentError) as e:
+        at.flash_attn_with_kvcache(q.bfloat16(), wide, wide, k.bfloat16(), v.bfloat16(), cache_seqlens=0)
+    assert e.value.field == "v_cache"
+    assert not wide.any()
+    # Reading writes nothing: one descale for both, or an expanded one, is fine there.
+    at.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=1, k_descale=shared, v_descale=shared)
+
+
 # --- transformers: QuantizedKVCache ----------------------------------------------------------------
+
 
 def _has_transformers():
     if importlib.util.find_spec("transformers") is None:
@@ -651,3 +680,23 @@ def test_quantized_cache_refuses_bad_settings_and_unscaled_codes():
         cache.update(k, randn(1, 2, 3, 16), 0)
     assert e.value.field == "key_states[0][1][2][3]"
     assert cache.get_seq_length() == 0
+
+
+@needs_hf
+def test_quantized_layer_fixes_per_head_scales_at_the_first_non_zero_values():
+    """attend.KVCache's rule: an all-zero first update leaves a per-head scale
+    open (its codes are 0 at any scale); the first non-zero values fix it."""
+    from attend.integrations.transformers import _DESCALE, QuantizedKVLayer
+    layer = QuantizedKVLayer(torch.int8, "per_head")
+    zeros = torch.zeros(1, 2, 3, 16)
+    layer.update(zeros, zeros)
+    k, v = randn(1, 2, 4, 16, seed=1) * 0.01, randn(1, 2, 4, 16, seed=2) * 0.01
+    k[0, 1] = 0.0  # head 1 stays open for K, but not for V
+    keys, values = layer.update(k, v)
+    for codes, x in ((keys, k), (values, v)):
+        got = codes.float() * getattr(codes, _DESCALE)[:, :, None, None]
+        assert float((got[:, :, 3:] - x).abs().max()) <= float(x.abs().max()) / 100, got  # scale 1: error = max
+    k2 = randn(1, 2, 1, 16, seed=3) * 0.01
+    keys, _ = layer.update(k2, v[:, :, :1])
+    got = keys.float() * getattr(keys, _DESCALE)[:, :, None, None]
+    assert float((got[:, :, 7:] - k2).abs().max()) <= float(k2.abs().max()) / 50, got

@@ -460,7 +460,7 @@ class QuantizedKVLayer(transformers.cache_utils.DynamicLayer):
         super().__init__()
         self.kv_dtype, self.kv_scale = kv_dtype, kv_scale
         self.length = 0
-        self._k = self._v = self._ks = self._vs = None
+        self._k = self._v = self._ks = self._vs = self._kfix = self._vfix = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -504,9 +504,16 @@ class QuantizedKVLayer(transformers.cache_utils.DynamicLayer):
                 self._ks[:, self.length:end], self._vs[:, self.length:end] = ks, vs
                 ks, vs = ks.unsqueeze(-1), vs.unsqueeze(-1)
             else:
-                if self._ks is None:  # per_head: fixed by the first update, with headroom
-                    self._ks = _kv8.head_scales(k, self.kv_dtype, (1, 3))
-                    self._vs = _kv8.head_scales(v, self.kv_dtype, (1, 3))
+                # per_head: each (sequence, kv head)'s scale is fixed by its first
+                # non-zero values, with headroom (attend.KVCache's rule; until then
+                # every code it stored is 0, which reads 0 at any scale).
+                if self._ks is None:
+                    self._ks, self._vs = (torch.ones(B, H, dtype=torch.float32, device=k.device) for _ in range(2))
+                    self._kfix, self._vfix = (torch.zeros(B, H, dtype=torch.bool, device=k.device) for _ in range(2))
+                for scale, fixed, x in ((self._ks, self._kfix, k), (self._vs, self._vfix, v)):
+                    first = ~fixed & (x.float().abs().amax(dim=(1, 3)) > 0)
+                    scale[first] = _kv8.head_scales(x, self.kv_dtype, (1, 3))[first]
+                    fixed |= first
                 ks, vs = self._ks[:, None, :, None], self._vs[:, None, :, None]
             self._k[:, self.length:end] = _kv8.quantize(k, ks, self.kv_dtype)
             self._v[:, self.length:end] = _kv8.quantize(v, vs, self.kv_dtype)
@@ -538,7 +545,7 @@ class QuantizedKVLayer(transformers.cache_utils.DynamicLayer):
 
     def reset(self) -> None:
         self.length = 0
-        self._k = self._v = self._ks = self._vs = None
+        self._k = self._v = self._ks = self._vs = self._kfix = self._vfix = None
         self.keys = self.values = None
         self.is_initialized = False
 
@@ -555,6 +562,8 @@ class QuantizedKVLayer(transformers.cache_utils.DynamicLayer):
         self._k, self._v = self._k[index], self._v[index]
         if self._ks is not None:
             self._ks, self._vs = self._ks[index], self._vs[index]
+        if self._kfix is not None:
+            self._kfix, self._vfix = self._kfix[index], self._vfix[index]
         self._views()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
