@@ -211,6 +211,33 @@ TEST(Kv8Scale, ZeroAndNegativeSoftmaxScalesMeetTheRule) {
   }
 }
 
+// Logits of 1e9 and more (a huge softmax scale, or an 8-bit K's scales near
+// 1e9): the fused softmax of the bf16 forward took the max of the rounded
+// scaled scores but subtracted it from an FMA of the same product, leaving
+// the product's rounding error (up to 64 at 1e9) in the exponent: NaN or zero
+// outputs past ~1e10.
+TEST(Kv8Scale, HugeLogitsMeetTheRule) {
+  AttentionSpec s = base(40, 230, 64, 64);
+  s.batch = 1;
+  s.causal = true;
+  for (const double scale : {1e8, 1e10, 1e20}) {
+    s.scale = scale;
+    const testing::Problem f32 = testing::make_problem(s, 8);
+    for (DType q : {DType::f32, DType::bf16}) {
+      for (KVScale layout : {KVScale::per_head, KVScale::per_token}) {
+        const testing::Kv8Problem k8 = testing::quantize_problem(f32, q, DType::i8, layout, 12);
+        for (const auto& backend : {make_decode_backend(), make_flash_backend()}) {
+          if (!backend->check(k8.q8.spec, Pass::forward).ok()) continue;  // decode: seqlen_q past its limit
+          const testing::PassResults got = testing::run_backend(*backend, k8.q8, false);
+          testing::expect_kv8_within_rule(got, k8,
+                                          std::string(backend->name()) + " scale " + std::to_string(scale) +
+                                              " q=" + std::string(to_string(q)) + " " + std::string(to_string(layout)));
+        }
+      }
+    }
+  }
+}
+
 // Code c, or 0 where c is not finite (int8's -128 is kept out too: symmetric codes).
 std::uint8_t finite_code_or_zero(DType kv, int c) {
   const bool finite = kv == DType::i8         ? c != 0x80
@@ -281,7 +308,8 @@ TEST(Kv8Codes, EveryFiniteCodeWidensExactlyForBf16Queries) {
   for (DType kv : {DType::fp8_e4m3, DType::fp8_e5m2, DType::i8}) {
     s.kv_dtype = kv;
     Tensor k = Tensor::zeros(kv, {16, 1, 1, 256}), v = Tensor::zeros(kv, {16, 1, 1, 256});
-    for (int i = 0; i < 16 * 256; ++i) k.as<std::uint8_t>()[i] = v.as<std::uint8_t>()[i] = finite_code_or_zero(kv, i % 256);
+    for (int i = 0; i < 16 * 256; ++i)
+      k.as<std::uint8_t>()[i] = v.as<std::uint8_t>()[i] = finite_code_or_zero(kv, i % 256);
     const Tensor ks = scale_tensor(1.0f), vs = scale_tensor(0.75f);
     const Inputs in = coded_inputs(q, k, v, ks, vs);
     for (const auto& backend : {make_decode_backend(), make_flash_backend()}) {

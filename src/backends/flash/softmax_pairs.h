@@ -76,7 +76,11 @@ inline bool softmax_to_pairs(const float* st, std::int64_t ld, std::int64_t n, s
   const auto score = [&](const float* row, std::int64_t j, std::int64_t c) {
     const __m512 x = _mm512_loadu_ps(row + c);
     if constexpr (kScaled) {
-      return _mm512_mul_ps(x, _mm512_set1_ps(key_mul[j]));
+      // Rounded on its own, never contracted into the exponent's subtraction
+      // (-ffp-contract=fast may fuse mul and sub into one FMA): the block's max
+      // is taken of this rounded product, and an FMA would leave its rounding
+      // error in score - max — up to 64 at logits of 1e9, 2^92 after exp2.
+      return _mm512_mul_round_ps(x, _mm512_set1_ps(key_mul[j]), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     } else {
       return x;
     }
