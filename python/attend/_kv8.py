@@ -86,6 +86,8 @@ def descale(d, field, dtype_field):
     if d is None:
         return None
     if not isinstance(d, torch.Tensor):
+        if isinstance(d, (str, bytes, bool)):  # float() would take "0.1" and True
+            _raise(InvalidArgumentError, field, type(d).__name__, "expected a float32 tensor or a number")
         try:
             d = float(d)
         except (TypeError, ValueError):

@@ -700,3 +700,26 @@ def test_quantized_layer_fixes_per_head_scales_at_the_first_non_zero_values():
     keys, _ = layer.update(k2, v[:, :, :1])
     got = keys.float() * getattr(keys, _DESCALE)[:, :, None, None]
     assert float((got[:, :, 7:] - k2).abs().max()) <= float(k2.abs().max()) / 50, got
+
+
+@needs_hf
+def test_quantized_cache_refuses_a_model_on_another_attention():
+    """Only attend's attention reads the codes: SDPA or eager would fail on
+    them with torch's dtype error, far from the cause."""
+    from attend.integrations.transformers import QuantizedKVCache
+    model = _qwen2(torch.float32)
+    QuantizedKVCache(model.config)
+    model.set_attn_implementation("sdpa")
+    with pytest.raises(InvalidArgumentError) as e:
+        QuantizedKVCache(model.config)
+    assert e.value.field == "config._attn_implementation"
+
+
+def test_descales_that_are_not_numbers_are_refused():
+    q, kc, vc = randn(1, 1, 2, 16), torch.zeros(1, 4, 1, 16, dtype=torch.int8), torch.zeros(1, 4, 1, 16,
+                                                                                          dtype=torch.int8)
+    for bad in ("0.1", True, b"1"):
+        with pytest.raises(InvalidArgumentError) as e:
+            at.flash_attn_with_kvcache(q, kc, vc, k_descale=bad, v_descale=1.0)
+        assert e.value.field == "k_descale", bad
+    at.flash_attn_with_kvcache(q, kc, vc, k_descale=0.1, v_descale=1)  # numbers are

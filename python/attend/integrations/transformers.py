@@ -605,6 +605,12 @@ class QuantizedKVCache(transformers.Cache):
             kv_scale = "per_token" if dtype == torch.int8 else "per_head"
         if kv_scale not in ("per_token", "per_head"):
             _raise(InvalidArgumentError, "kv_scale", kv_scale, "expected per_token or per_head")
+        # Another attention implementation would get the int8/float8 codes as
+        # K/V: torch's own dtype error, far from the cause.
+        impl = getattr(config, "_attn_implementation", None) if config is not None else None
+        if impl is not None and impl != "attend":
+            _raise(InvalidArgumentError, "config._attn_implementation", impl, "QuantizedKVCache holds 8-bit codes "
+                   "that only attend's attention reads: load the model with attn_implementation=\"attend\"")
         self.kv_dtype, self.kv_scale = dtype, kv_scale
         make = (lambda: QuantizedKVLayer(dtype, kv_scale))
         if config is not None:
