@@ -589,8 +589,8 @@ class QuantizedKVCache(transformers.Cache):
     2.1), or the torch dtype. ``kv_scale``: "per_token" (int8's default: one
     f32 scale per token and kv head, max |x| / code max, so each row's largest
     element is exact) or "per_head" (fp8's default: one per sequence and kv
-    head, fixed at the first update (the prompt) at twice its max |x| / code
-    max; later values beyond that saturate at the largest code). Values are
+    head, fixed at its first non-zero update (the prompt) at twice its max |x|
+    / code max; later values beyond that saturate at the largest code). Values are
     rounded to nearest even; inf/NaN states are refused. Full-attention and
     sliding-window layers (a sliding layer's tokens are all kept, its window
     applied as they are read: memory grows with the context, as for full
