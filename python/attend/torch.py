@@ -647,6 +647,14 @@ def flash_attn_with_kvcache(
     _check_tensor(q, "q", (4,))
     _check_tensor(k_cache, "k_cache", (4,))
     _check_tensor(v_cache, "v_cache", (4,))
+    # Named here, as the caller wrote them: the spec built below calls the
+    # caches k and v, and a page of 0 slots would read as a shape rule on k.
+    for cache, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if cache.shape[1] == 0:
+            _raise(ShapeMismatchError, f"{name}.shape[1]", 0, "a cache row needs at least one token slot ((batch, "
+                   "seqlen_cache, heads, dim), or (pages, page_size, heads, dim) with a block_table)")
+    if k_cache.shape[3] != q.shape[3]:
+        _raise(ShapeMismatchError, "k_cache.shape[3]", k_cache.shape[3], f"head dim must equal q's {q.shape[3]}")
     if (k is None) != (v is None):
         _raise(InvalidArgumentError, "k" if k is None else "v", None, "k and v are appended together")
     B = q.shape[0]

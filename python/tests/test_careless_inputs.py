@@ -97,7 +97,7 @@ def test_kvcache_refused_call_leaves_the_cache_bit_for_bit_unchanged():
     k, v = randn(2, 1, 2, 16, seed=1), randn(2, 1, 2, 16, seed=2)
     q24 = randn(2, 1, 4, 24, seed=3)  # head dim 24 against a cache of 16
     _refused_leaves_cache(lambda: at.flash_attn_with_kvcache(q24, kc, vc, k=k, v=v, cache_seqlens=3),
-                          ShapeMismatchError, "k.shape[3]", kc, vc)
+                          ShapeMismatchError, "k_cache.shape[3]", kc, vc)
     q = randn(2, 1, 4, 16, seed=4)
     # Appending past the capacity (8 tokens per sequence).
     _refused_leaves_cache(lambda: at.flash_attn_with_kvcache(q, kc, vc, k=k, v=v, cache_seqlens=8),

@@ -723,3 +723,19 @@ def test_descales_that_are_not_numbers_are_refused():
             at.flash_attn_with_kvcache(q, kc, vc, k_descale=bad, v_descale=1.0)
         assert e.value.field == "k_descale", bad
     at.flash_attn_with_kvcache(q, kc, vc, k_descale=0.1, v_descale=1)  # numbers are
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16])
+def test_cache_shape_errors_name_the_cache(dtype):
+    """The caches are k and v inside the spec; errors about them name k_cache
+    and v_cache, as the caller wrote them."""
+    q = randn(1, 1, 4, 64).to(torch.bfloat16)
+    kw = dict(k_descale=1.0, v_descale=1.0) if dtype == torch.int8 else {}
+    empty = torch.zeros(1, 0, 2, 64, dtype=dtype)
+    with pytest.raises(ShapeMismatchError) as e:
+        at.flash_attn_with_kvcache(q, empty, empty, **kw)
+    assert e.value.field == "k_cache.shape[1]"
+    narrow = torch.zeros(1, 8, 2, 32, dtype=dtype)
+    with pytest.raises(ShapeMismatchError) as e:
+        at.flash_attn_with_kvcache(q, narrow, torch.zeros(1, 8, 2, 64, dtype=dtype), **kw)
+    assert e.value.field == "k_cache.shape[3]"
