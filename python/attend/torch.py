@@ -382,9 +382,13 @@ def _kv8_forward(spec, tensors, api):
     """(out, lse) of an 8-bit K/V call: the native forward in inference mode
     (no backend has a backward for 8-bit K/V)."""
     _kv8_eager(api, spec["kv_dtype"])
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors.values()):
+    # The caller's names for what asks for a gradient (the descales are k_scale/v_scale here).
+    grads = [{"k_scale": "k_descale", "v_scale": "v_descale"}.get(name, name) for name, t in tensors.items()
+             if isinstance(t, torch.Tensor) and t.requires_grad]
+    if torch.is_grad_enabled() and grads:
         _raise(UnsupportedError, "kv_dtype", spec["kv_dtype"], "8-bit K/V are inference only (no backend has a "
-               "backward for them): run under torch.no_grad() or torch.inference_mode(), or detach q")
+               "backward for them): run under torch.no_grad() or torch.inference_mode(), or detach "
+               + ", ".join(grads))
     out, lse, _, _ = _autograd._native_forward(spec, "inference", tensors)
     return out, lse
 

@@ -428,6 +428,11 @@ def test_8bit_kv_is_inference_only():
     with pytest.raises(UnsupportedError) as e:
         at.flash_attn_func(q, kc, vc, k_descale=ks, v_descale=vs)
     assert e.value.field == "kv_dtype"
+    assert str(e.value).endswith("or detach q"), e.value
+    # The advice names what asks for the gradient, as the caller called it.
+    with pytest.raises(UnsupportedError) as e:
+        at.flash_attn_func(q.detach(), kc, vc, k_descale=ks.clone().requires_grad_(True), v_descale=vs)
+    assert str(e.value).endswith("or detach k_descale"), e.value
     with torch.no_grad():
         at.flash_attn_func(q, kc, vc, k_descale=ks, v_descale=vs)
     # Selection for training names the reason: no backend has an 8-bit backward.
