@@ -574,6 +574,16 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
     }
     return true;
   };
+  // Row r's P V over the keys it sees, for a row that sees part of the block;
+  // false where it sees none of them.
+  const auto partial_pv = [&](std::int64_t r, const auto& ask) {
+    const detail::KeyRange vis = p.keys(b, r / g);
+    const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
+    const std::int64_t hi = std::clamp<std::int64_t>(vis.end - j0, lo, n);
+    if (hi == lo) return false;
+    pv_rows<1>(st.s + r * kBlockN + lo, vr + lo, hi - lo, p.dv, st.acc + r * lda, lda, ask);
+    return true;
+  };
   // Rows go four at a time where they can, so each V row is read once per
   // four query rows and applied to all of them from registers. The first
   // call asks for the next block's V rows.
@@ -598,12 +608,7 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
         pv_pairs<1>(pp(r, 1), vpairs, npairs, lda, st.acc + r * lda, lda);
         ++r;
       } else {
-        const detail::KeyRange vis = p.keys(b, r / g);
-        const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
-        const std::int64_t hi = std::clamp<std::int64_t>(vis.end - j0, lo, n);
-        if (hi > lo)
-          pv_rows<1>(st.s + r * kBlockN + lo, vr + lo, hi - lo, p.dv, st.acc + r * lda, lda, NextBlock<VV>{});
-        ++r;
+        partial_pv(r++, NextBlock<VV>{});
       }
     }
     return;
@@ -616,16 +621,8 @@ inline void block_step(const DecodeParams& p, std::int64_t b, std::int64_t hk, s
     } else if (full(r, 2)) {
       pv_rows<2>(st.s + r * kBlockN, vr, n, p.dv, st.acc + r * lda, lda, next);
       r += 2;
-    } else {
-      const detail::KeyRange vis = p.keys(b, r / g);
-      const std::int64_t lo = std::clamp<std::int64_t>(vis.begin - j0, 0, n);
-      const std::int64_t hi = std::clamp<std::int64_t>(vis.end - j0, lo, n);
-      if (hi == lo) {
-        ++r;
-        continue;
-      }
-      pv_rows<1>(st.s + r * kBlockN + lo, vr + lo, hi - lo, p.dv, st.acc + r * lda, lda, next);
-      ++r;
+    } else if (!partial_pv(r++, next)) {
+      continue;  // the next row still asks for the next block's V rows
     }
     next.n = 0;
   }
